@@ -1,0 +1,41 @@
+// Benchmark reporting: every case prints its figure, a baseline measured in the same run, and the
+// ratio figure/baseline (higher is better for throughputs). One JSON object per line with --json.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvo::bench {
+
+struct BenchResult {
+  std::string area;           // "events"
+  std::string name;           // "encode_16_blocks"
+  std::string unit;           // "block_events/s"
+  double value = 0;           // the figure
+  std::string baseline_name;  // what the baseline is
+  double baseline = 0;        // the baseline figure, same unit, same run
+  double target = 0;          // target from DESIGN.md §5 in the same unit (0: none)
+  std::string notes;
+};
+
+struct BenchOptions {
+  bool json = false;
+  double seconds_per_case = 0.5;  // time budget for each measured loop
+  bool quick = false;             // CI smoke mode: tiny budgets
+};
+
+void PrintResult(const BenchResult& result, const BenchOptions& options);
+
+// Runs `op` repeatedly (each call does `items` units of work) for about `seconds`; returns the
+// best-of-3 items per second.
+double MeasureRate(const std::function<void()>& op, double items, double seconds);
+
+// Percentile (0..100) of a sample (copied and sorted).
+double Percentile(std::vector<double> v, double p);
+
+// Areas; each prints its cases and returns 0, or 1 when a case could not run.
+int RunEventsBench(const BenchOptions& options);
+
+}  // namespace kvo::bench

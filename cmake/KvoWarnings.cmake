@@ -1,0 +1,18 @@
+# Warnings are errors on our own targets only; third-party headers come in as SYSTEM.
+function(kvo_target_warnings target)
+  target_compile_options(${target} PRIVATE
+    -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Werror)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    target_compile_options(${target} PRIVATE -Wthread-safety)
+  endif()
+endfunction()
+
+# kvo_library(NAME folder DEPS ...): a static library of every .cc in the folder.
+function(kvo_library name)
+  cmake_parse_arguments(ARG "" "" "PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)
+  add_library(${name} STATIC ${srcs})
+  target_include_directories(${name} PUBLIC ${KVO_SOURCE_ROOT})
+  target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  kvo_target_warnings(${name})
+endfunction()

@@ -1,0 +1,18 @@
+// Logging shim over spdlog. Use KVO_LOG_INFO("fmt {}", x) etc.; the level is set once by main().
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string_view>
+
+namespace kvo {
+
+// Sets the global level from "trace|debug|info|warn|error|off"; unknown names keep "info".
+void SetLogLevel(std::string_view level);
+
+}  // namespace kvo
+
+#define KVO_LOG_DEBUG(...) ::spdlog::debug(__VA_ARGS__)
+#define KVO_LOG_INFO(...) ::spdlog::info(__VA_ARGS__)
+#define KVO_LOG_WARN(...) ::spdlog::warn(__VA_ARGS__)
+#define KVO_LOG_ERROR(...) ::spdlog::error(__VA_ARGS__)

@@ -1,0 +1,8 @@
+// The public header of kvo_events: event values, the msgpack codec, block hashes, the journal and
+// the ZeroMQ publisher/subscriber.
+#pragma once
+
+#include "events/block_hash.h"
+#include "events/codec.h"
+#include "events/event.h"
+#include "events/journal.h"

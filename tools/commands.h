@@ -1,0 +1,20 @@
+// The `kvo` command line: each area registers its subcommands on the CLI11 app. A subcommand's
+// callback stores its exit status with SetExitCode; errors go to stderr naming what was wrong.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "common/status.h"
+
+namespace kvo::cli {
+
+void AddEventsCommands(CLI::App& app);  // kvo events tail|publish|journal
+void AddHashCommand(CLI::App& app);     // kvo hash
+void AddBenchCommand(CLI::App& app);    // kvo bench <area> [--json]
+void AddDemoCommand(CLI::App& app);     // kvo demo
+
+void SetExitCode(int code);
+// Prints "kvo: <status>" to stderr and records exit code 1 (2 for invalid arguments).
+void Fail(const Status& status);
+
+}  // namespace kvo::cli
