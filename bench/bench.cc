@@ -23,9 +23,8 @@ void PrintResult(const BenchResult& r, const BenchOptions& options) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%-8s %-34s %14.0f %-16s baseline %14.0f (%s)  ratio %.2f%s\n", r.area.c_str(),
-                r.name.c_str(), r.value, r.unit.c_str(), r.baseline, r.baseline_name.c_str(),
-                ratio, r.target > 0 ? (r.value >= r.target ? "  [target met]" : "  [below target]")
-                                    : "");
+                r.name.c_str(), r.value, r.unit.c_str(), r.baseline, r.baseline_name.c_str(), ratio,
+                r.target > 0 ? (r.value >= r.target ? "  [target met]" : "  [below target]") : "");
   }
   std::fflush(stdout);
 }

@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define KVO_CHECK(cond)                                                              \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define KVO_CHECK(cond)                                                                 \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
       std::fprintf(stderr, "%s:%d: KVO_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                  \
-    }                                                                                \
+      std::abort();                                                                     \
+    }                                                                                   \
   } while (0)
 
 #ifdef NDEBUG

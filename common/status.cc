@@ -4,18 +4,30 @@ namespace kvo {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kCorruption: return "Corruption";
-    case StatusCode::kIOError: return "IOError";
-    case StatusCode::kOutOfSpace: return "OutOfSpace";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kOutOfRange: return "OutOfRange";
-    case StatusCode::kCancelled: return "Cancelled";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kCorruption:
+      return "Corruption";
+    case StatusCode::kIOError:
+      return "IOError";
+    case StatusCode::kOutOfSpace:
+      return "OutOfSpace";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kOutOfRange:
+      return "OutOfRange";
+    case StatusCode::kCancelled:
+      return "Cancelled";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

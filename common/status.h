@@ -31,7 +31,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
   static Status Corruption(std::string m) { return {StatusCode::kCorruption, std::move(m)}; }
@@ -69,8 +71,8 @@ class [[nodiscard]] Status {
 
 }  // namespace kvo
 
-#define KVO_RETURN_IF_ERROR(expr)                 \
-  do {                                            \
-    ::kvo::Status kvo_status_tmp_ = (expr);       \
+#define KVO_RETURN_IF_ERROR(expr)                      \
+  do {                                                 \
+    ::kvo::Status kvo_status_tmp_ = (expr);            \
     if (!kvo_status_tmp_.ok()) return kvo_status_tmp_; \
   } while (0)
