@@ -5,4 +5,8 @@
 #include "events/block_hash.h"
 #include "events/codec.h"
 #include "events/event.h"
+#include "events/event_json.h"
 #include "events/journal.h"
+#include "events/kv_events_config.h"
+#include "events/zmq_publisher.h"
+#include "events/zmq_subscriber.h"
