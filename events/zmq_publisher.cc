@@ -31,6 +31,11 @@ class NullPublisher final : public EventPublisher {
   PublisherStats stats() const override { return {}; }
 };
 
+struct RingEntry {
+  uint64_t seq;
+  std::string payload;
+};
+
 // One client's replay in progress: batches [next_seq, end_seq] then the end marker. Served a few
 // messages at a time so a long replay (from the journal) never stalls live publishing.
 struct ReplaySession {
@@ -38,11 +43,7 @@ struct ReplaySession {
   uint64_t next_seq = 0;
   std::optional<uint64_t> end_seq;  // nullopt: nothing was published yet; send only the marker
   std::unique_ptr<JournalReader> reader;
-};
-
-struct RingEntry {
-  uint64_t seq;
-  std::string payload;
+  std::optional<RingEntry> pending;  // read but not yet sent (the client's queue was full)
 };
 
 class ZmqPublisher final : public EventPublisher {
@@ -325,14 +326,18 @@ class ZmqPublisher final : public EventPublisher {
       if (!s.end_seq || s.next_seq > *s.end_seq) {
         return SendReplayFrames(s, "", zmq_util::kEndSeq, "") != SendResult::kBlocked;
       }
-      std::string payload;
-      uint64_t seq;
-      if (!NextReplayBatch(s, &seq, &payload)) {
-        s.end_seq.reset();  // nothing left in ring or journal up to end_seq
-        continue;
+      if (!s.pending) {
+        RingEntry next;
+        if (!NextReplayBatch(s, &next.seq, &next.payload)) {
+          s.end_seq.reset();  // nothing left in ring or journal up to end_seq
+          continue;
+        }
+        s.pending = std::move(next);
       }
-      SendResult r = SendReplayFrames(s, config_.topic, BigEndian64(seq), payload);
+      uint64_t seq = s.pending->seq;
+      SendResult r = SendReplayFrames(s, config_.topic, BigEndian64(seq), s.pending->payload);
       if (r == SendResult::kBlocked) return false;
+      s.pending.reset();
       if (r == SendResult::kGone) return true;
       s.next_seq = seq + 1;
       MutexLock lock(&mu_);
@@ -357,21 +362,30 @@ class ZmqPublisher final : public EventPublisher {
         return true;
       }
     }
-    if (!s.reader) {
-      auto reader = journal_->NewReader(s.next_seq);
-      if (!reader.ok()) {
-        KVO_LOG_ERROR("kv-events replay from journal at seq {}: {}", s.next_seq,
-                      reader.status().ToString());
+    // A reader sees the journal as it was when opened; at its end, one fresh reader picks up what
+    // was appended since, before falling back to the ring.
+    JournalRecord record;
+    for (int attempt = 0;; ++attempt) {
+      bool fresh = !s.reader;
+      if (fresh) {
+        auto reader = journal_->NewReader(s.next_seq);
+        if (!reader.ok()) {
+          KVO_LOG_ERROR("kv-events replay from journal at seq {}: {}", s.next_seq,
+                        reader.status().ToString());
+          return JumpToRing(s, seq, payload);
+        }
+        s.reader = std::move(reader).value();
+      }
+      auto more = s.reader->Next(&record);
+      if (!more.ok()) {
+        KVO_LOG_ERROR("kv-events journal read: {}", more.status().ToString());
         return JumpToRing(s, seq, payload);
       }
-      s.reader = std::move(reader).value();
+      if (*more) break;
+      s.reader.reset();
+      if (fresh || attempt > 0) return JumpToRing(s, seq, payload);
     }
-    JournalRecord record;
-    auto more = s.reader->Next(&record);
-    if (!more.ok() || !*more || record.seq > *s.end_seq) {
-      if (!more.ok()) KVO_LOG_ERROR("kv-events journal read: {}", more.status().ToString());
-      return JumpToRing(s, seq, payload);
-    }
+    if (record.seq > *s.end_seq) return JumpToRing(s, seq, payload);
     *seq = record.seq;
     *payload = std::move(record.payload);
     MutexLock lock(&mu_);

@@ -45,8 +45,7 @@ class ZmqSubscriber final : public Subscriber {
       sub_.set(zmq::sockopt::linger, 0);
       sub_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.limits.max_payload_bytes));
       sub_.set(zmq::sockopt::subscribe, options_.topic);
-      // The mirror of the publisher's rule: a connecting publisher needs a binding subscriber.
-      if (ShouldBind(options_.endpoint)) {
+      if (options_.bind) {
         sub_.bind(options_.endpoint);
       } else {
         sub_.connect(options_.endpoint);
@@ -89,9 +88,8 @@ class ZmqSubscriber final : public Subscriber {
         last_live_ns_ = clock_->MonotonicNanos();
         KVO_RETURN_IF_ERROR(HandleLive(frames));
       } else if (probe && clock_->MonotonicNanos() >= probe_at) {
-        // Nothing live for a while: ask whether anything after our last batch was lost.
         last_live_ns_ = clock_->MonotonicNanos();
-        KVO_RETURN_IF_ERROR(Replay(*next_expected_));
+        KVO_RETURN_IF_ERROR(Probe());
       }
     }
     ReceivedBatch out = std::move(ready_.front());
@@ -220,6 +218,29 @@ class ZmqSubscriber final : public Subscriber {
     return Status::Ok();
   }
 
+  // Nothing arrived live for a while. Ask for everything from the last batch we hold: a lost tail
+  // comes back; and when even that batch is gone while nothing newer exists (an empty reply), the
+  // publisher restarted and lost its buffer: replay its new stream from 0. (Needs buffer_steps >=
+  // 1, as every vLLM default has.)
+  Status Probe() {
+    if (*next_expected_ == 0) return Replay(0);
+    uint64_t before = replayed_batches_;
+    uint64_t last = *next_expected_ - 1;
+    KVO_RETURN_IF_ERROR(Replay(last));
+    if (replayed_batches_ == before && last_replay_completed_) {
+      {
+        MutexLock lock(&mu_);
+        ++stats_.restarts;
+      }
+      Notice(
+          NoticeKind::kPublisherRestart, 0, last + 1,
+          "the publisher no longer holds seq " + std::to_string(last) + " and has nothing newer");
+      next_expected_ = 0;
+      return Replay(0);
+    }
+    return Status::Ok();
+  }
+
   // Asks the ROUTER for every batch >= from and delivers those after next_expected_, until the end
   // marker. Accepts [seq, payload] (vLLM <= 0.25) and [topic, seq, payload] replies.
   Status Replay(uint64_t from) {
@@ -227,6 +248,7 @@ class ZmqSubscriber final : public Subscriber {
       MutexLock lock(&mu_);
       ++stats_.replay_requests;
     }
+    last_replay_completed_ = false;
     try {
       std::string start = zmq_util::BigEndian64(from);
       dealer_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
@@ -255,13 +277,18 @@ class ZmqSubscriber final : public Subscriber {
         std::string_view topic = with_topic ? frames[1].to_string_view() : std::string_view();
         std::string_view seq_bytes = frames[with_topic ? 2 : 1].to_string_view();
         std::string_view payload = frames[with_topic ? 3 : 2].to_string_view();
-        if (seq_bytes == zmq_util::kEndSeq && payload.empty()) break;
+        if (seq_bytes == zmq_util::kEndSeq && payload.empty()) {
+          last_replay_completed_ = true;
+          break;
+        }
         if (seq_bytes.size() != 8) {
           MutexLock lock(&mu_);
           ++stats_.malformed_messages;
           continue;
         }
         uint64_t seq = zmq_util::FromBigEndian(seq_bytes);
+        if (with_topic && !topic.starts_with(options_.topic)) continue;  // as SUB filtering does
+        ++replayed_batches_;
         {
           MutexLock lock(&mu_);
           ++stats_.replayed_received;
@@ -301,6 +328,8 @@ class ZmqSubscriber final : public Subscriber {
   std::vector<SubscriberNotice> notices_;
   std::optional<uint64_t> next_expected_;  // the seq that continues the stream
   std::optional<uint64_t> dup_window_end_;
+  uint64_t replayed_batches_ = 0;       // batches received from replay replies, ever
+  bool last_replay_completed_ = false;  // the last replay ended with the end marker
   int64_t last_live_ns_ = 0;
 
   mutable Mutex mu_;

@@ -24,6 +24,9 @@ struct SubscriberOptions {
   std::string endpoint;                        // the publisher's PUB endpoint
   std::optional<std::string> replay_endpoint;  // its ROUTER endpoint; no gap filling without it
   std::string topic;                           // ZMQ prefix filter
+  // Bind the SUB socket instead of connecting: for publishers configured to connect (an
+  // endpoint without "*", "::", ipc:// or inproc://). Default: connect.
+  bool bind = false;
   // Replay from this sequence when connecting (0: everything the publisher still has).
   // Unset: start with whatever arrives live.
   std::optional<uint64_t> start_seq;

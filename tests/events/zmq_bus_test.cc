@@ -1,0 +1,432 @@
+// The KV-event bus over real ipc:// sockets: vLLM's publisher behaviours checked with a raw
+// SUB + DEALER client (as vLLM's MockSubscriber), then kvo's Subscriber end to end.
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <chrono>
+#include <random>
+
+#include "events/codec.h"
+#include "events/journal.h"
+#include "events/zmq_publisher.h"
+#include "events/zmq_subscriber.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+using namespace std::chrono_literals;
+
+EventBatch Batch(uint64_t i, size_t blocks = 1) {
+  BlockStored s;
+  for (size_t b = 0; b < blocks; ++b) s.block_hashes.push_back(BlockHash::Uint(i * 1000 + b));
+  s.token_ids = {static_cast<int64_t>(i)};
+  s.block_size = 16;
+  s.medium = kMediumGpu;
+  return EventBatch{1700000000.0 + static_cast<double>(i), {s}, std::nullopt};
+}
+
+uint64_t Seq(const zmq::message_t& m) {
+  uint64_t v = 0;
+  for (unsigned char c : m.to_string_view()) v = (v << 8) | c;
+  return v;
+}
+
+std::string Be64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (56 - 8 * i));
+  return s;
+}
+
+class BusTest : public ::testing::Test {
+ protected:
+  std::string Ep(const std::string& name) { return "ipc://" + dir_.path() + "/" + name; }
+
+  KvEventsConfig Config(const std::string& topic = "kv", int64_t buffer_steps = 10000) {
+    KvEventsConfig c;
+    c.enable_kv_cache_events = true;
+    c.publisher = "zmq";
+    c.endpoint = Ep("pub");
+    c.replay_endpoint = Ep("replay");
+    c.topic = topic;
+    c.buffer_steps = buffer_steps;
+    return c;
+  }
+
+  std::unique_ptr<EventPublisher> Publisher(const KvEventsConfig& c, Journal* journal = nullptr) {
+    PublisherOptions o;
+    o.journal = journal;
+    auto p = CreateEventPublisher(c, 0, o);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return std::move(p).value();
+  }
+
+  // A raw DEALER replay request, read until the end marker: the frames after the delimiter.
+  std::vector<std::vector<std::string>> RawReplay(uint64_t start, int rcvhwm = 1000) {
+    zmq::socket_t dealer(ctx_, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::rcvhwm, rcvhwm);
+    dealer.set(zmq::sockopt::linger, 0);
+    dealer.connect(Ep("replay"));
+    std::string s = Be64(start);
+    dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    dealer.send(zmq::buffer(s), zmq::send_flags::none);
+    std::vector<std::vector<std::string>> replies;
+    while (true) {
+      zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 10s);
+      if (!(item.revents & ZMQ_POLLIN)) {
+        ADD_FAILURE() << "replay timed out";
+        break;
+      }
+      std::vector<zmq::message_t> frames;
+      EXPECT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(frames)));
+      EXPECT_EQ(frames[0].size(), 0u);  // delimiter
+      std::vector<std::string> rest;
+      for (size_t i = 1; i < frames.size(); ++i) rest.push_back(frames[i].to_string());
+      replies.push_back(rest);
+      if (rest.size() == 3 && rest[1] == std::string(8, '\xff')) break;
+    }
+    return replies;
+  }
+
+  testing::TempDir dir_;
+  zmq::context_t ctx_;
+};
+
+TEST_F(BusTest, PublishesThreeFramesWithSequenceNumbersAndRoundTrips) {
+  auto pub = Publisher(Config());
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  auto replies = RawReplay(0);
+  ASSERT_EQ(replies.size(), 11u);
+  for (uint64_t i = 0; i < 10; ++i) {
+    ASSERT_EQ(replies[i].size(), 3u);  // [topic, seq, payload]: the topic frame (#45177)
+    EXPECT_EQ(replies[i][0], "kv");
+    EXPECT_EQ(replies[i][1], Be64(i));
+    auto batch = DecodeBatch(replies[i][2]);
+    ASSERT_TRUE(batch.ok());
+    EventBatch expected = Batch(i);
+    expected.data_parallel_rank = 0;  // filled in by the publisher
+    EXPECT_EQ(*batch, expected);
+  }
+  // End marker: empty topic (not the configured one), ff*8, empty payload.
+  EXPECT_EQ(replies[10], (std::vector<std::string>{"", std::string(8, '\xff'), ""}));
+}
+
+TEST_F(BusTest, ReplayFromTheMiddleReturnsExactlyTheRest) {
+  auto pub = Publisher(Config());
+  for (uint64_t i = 0; i < 19; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  auto replies = RawReplay(10);
+  ASSERT_EQ(replies.size(), 10u);
+  for (uint64_t i = 0; i < 9; ++i) EXPECT_EQ(replies[i][1], Be64(10 + i));
+}
+
+TEST_F(BusTest, RingKeepsTheLastBufferStepsBatches) {
+  auto pub = Publisher(Config("kv", 100));
+  for (uint64_t i = 0; i < 110; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  auto replies = RawReplay(0);
+  ASSERT_EQ(replies.size(), 101u);
+  EXPECT_EQ(replies.front()[1], Be64(10));
+  EXPECT_EQ(replies[99][1], Be64(109));
+}
+
+TEST_F(BusTest, InvalidReplayRequestGetsNoReplyAndIsCounted) {
+  auto pub = Publisher(Config());
+  ASSERT_TRUE(pub->Publish(Batch(0)).ok());
+  pub->Flush();
+  zmq::socket_t dealer(ctx_, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(Ep("replay"));
+  std::string s = Be64(0);
+  dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(s), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(s), zmq::send_flags::none);  // one frame too many
+  // A valid request on the same socket afterwards is answered: the bad one was skipped.
+  dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(s), zmq::send_flags::none);
+  std::vector<zmq::message_t> frames;
+  ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(frames)));
+  ASSERT_EQ(frames.size(), 4u);
+  EXPECT_EQ(Seq(frames[2]), 0u);
+  EXPECT_EQ(pub->stats().invalid_replay_requests, 1u);
+}
+
+TEST_F(BusTest, LongReplayToASlowClientResumesInsteadOfDropping) {
+  auto pub = Publisher(Config("kv", 5000));
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_TRUE(pub->Publish(Batch(i, 16)).ok());
+  pub->Flush();
+  auto replies = RawReplay(0, /*rcvhwm=*/8);  // far below the 5000 messages of the reply
+  ASSERT_EQ(replies.size(), 5001u);
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_EQ(replies[i][1], Be64(i));
+}
+
+TEST_F(BusTest, JournalServesReplayBeyondTheRingAndSeqSurvivesRestart) {
+  JournalOptions jo;
+  jo.dir = dir_.path() + "/journal";
+  {
+    auto journal = Journal::Open(jo);
+    ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+    auto pub = Publisher(Config("kv", 10), journal->get());
+    for (uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+    pub->Flush();
+    auto replies = RawReplay(0);
+    ASSERT_EQ(replies.size(), 101u);
+    for (uint64_t i = 0; i < 100; ++i) ASSERT_EQ(replies[i][1], Be64(i));
+    EXPECT_GE(pub->stats().replay_from_journal, 90u);
+    pub->Shutdown();
+  }
+  auto journal = Journal::Open(jo);
+  ASSERT_TRUE(journal.ok());
+  auto pub = Publisher(Config("kv", 10), journal->get());
+  EXPECT_EQ(pub->stats().next_seq, 100u);
+  ASSERT_TRUE(pub->Publish(Batch(100)).ok());
+  pub->Flush();
+  auto replies = RawReplay(95);
+  ASSERT_EQ(replies.size(), 7u);
+  EXPECT_EQ(replies[5][1], Be64(100));
+}
+
+SubscriberOptions SubOptions(const std::string& pub, const std::string& replay,
+                             std::optional<uint64_t> start) {
+  SubscriberOptions o;
+  o.endpoint = pub;
+  o.replay_endpoint = replay;
+  o.topic = "kv";
+  o.start_seq = start;
+  o.idle_probe_ms = 20;
+  return o;
+}
+
+// Reads until `count` batches arrived (or 20 s passed, which fails the test).
+std::vector<ReceivedBatch> ReadN(Subscriber& sub, size_t count) {
+  std::vector<ReceivedBatch> out;
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (out.size() < count && std::chrono::steady_clock::now() < deadline) {
+    auto next = sub.Next(100ms);
+    EXPECT_TRUE(next.ok()) << next.status().ToString();
+    if (next.ok() && next->has_value()) out.push_back(std::move(**next));
+  }
+  return out;
+}
+
+void ExpectInOrder(const std::vector<ReceivedBatch>& got, uint64_t first, size_t count) {
+  ASSERT_EQ(got.size(), count);
+  for (size_t i = 0; i < count; ++i) {
+    ASSERT_EQ(got[i].seq, first + i) << "position " << i;
+    EventBatch expected = Batch(first + i);
+    expected.data_parallel_rank = 0;
+    ASSERT_EQ(got[i].batch, expected);
+  }
+}
+
+TEST_F(BusTest, LateJoinerReplaysEverythingThenFollowsLive) {
+  auto pub = Publisher(Config());
+  for (uint64_t i = 0; i < 50; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  auto sub = Subscriber::Create(SubOptions(Ep("pub"), Ep("replay"), 0));
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  auto first = ReadN(**sub, 50);
+  ExpectInOrder(first, 0, 50);
+  EXPECT_TRUE(first[0].replayed);
+  for (uint64_t i = 50; i < 80; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  auto rest = ReadN(**sub, 30);
+  ExpectInOrder(rest, 50, 30);
+  for (const auto& n : (*sub)->TakeNotices()) {
+    EXPECT_NE(n.kind, NoticeKind::kGapUnrecoverable) << n.detail;
+  }
+}
+
+TEST_F(BusTest, TopicFilterAppliesToLiveAndReplay) {
+  auto pub = Publisher(Config("foo"));
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
+  o.topic = "bar";
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  auto next = (*sub)->Next(200ms);
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(next->has_value());
+}
+
+// The end-to-end check: a journaled publisher; a subscriber that joins late, loses
+// messages to a tiny HWM while not reading, and restarts from its last seq; it receives every
+// batch exactly once, in order.
+TEST_F(BusTest, LateLossyRestartingSubscriberGetsEveryBatchExactlyOnce) {
+  JournalOptions jo;
+  jo.dir = dir_.path() + "/journal";
+  auto journal = Journal::Open(jo);
+  ASSERT_TRUE(journal.ok());
+  KvEventsConfig c = Config("kv", 64);  // a small ring: old batches come from the journal
+  c.hwm = 4;
+  auto pub = Publisher(c, journal->get());
+  for (uint64_t i = 0; i < 300; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+
+  std::vector<ReceivedBatch> all;
+  uint64_t resume_from = 0;
+  {
+    SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
+    o.hwm = 4;
+    auto sub = Subscriber::Create(o);
+    ASSERT_TRUE(sub.ok());
+    auto part = ReadN(**sub, 300);
+    // Not reading while 2000 more are published: the tiny HWMs drop most of them.
+    for (uint64_t i = 300; i < 2300; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+    pub->Flush();
+    auto more = ReadN(**sub, 1000);
+    part.insert(part.end(), more.begin(), more.end());
+    EXPECT_GT((*sub)->stats().gaps_filled + (*sub)->stats().replay_requests, 1u);
+    for (const auto& n : (*sub)->TakeNotices()) {
+      EXPECT_NE(n.kind, NoticeKind::kGapUnrecoverable) << n.detail;
+    }
+    resume_from = part.back().seq + 1;
+    all = std::move(part);
+  }  // the subscriber "crashes" here
+  for (uint64_t i = 2300; i < 2500; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), resume_from);
+  o.hwm = 4;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  auto rest = ReadN(**sub, 2500 - resume_from);
+  all.insert(all.end(), rest.begin(), rest.end());
+  ExpectInOrder(all, 0, 2500);
+  for (const auto& n : (*sub)->TakeNotices()) {
+    EXPECT_NE(n.kind, NoticeKind::kGapUnrecoverable) << n.detail;
+    EXPECT_NE(n.kind, NoticeKind::kPublisherRestart) << n.detail;
+  }
+}
+
+TEST_F(BusTest, DetectsPublisherRestartAndReadsTheNewStream) {
+  auto sub_opts = SubOptions(Ep("pub"), Ep("replay"), 0);
+  std::unique_ptr<Subscriber> sub;
+  {
+    auto pub = Publisher(Config());
+    for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+    pub->Flush();
+    auto created = Subscriber::Create(sub_opts);
+    ASSERT_TRUE(created.ok());
+    sub = std::move(created).value();
+    ExpectInOrder(ReadN(*sub, 10), 0, 10);
+  }  // the publisher process "dies": its ring is gone
+  auto pub = Publisher(Config());
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  ExpectInOrder(ReadN(*sub, 3), 0, 3);
+  bool restart = false;
+  for (const auto& n : sub->TakeNotices()) restart |= n.kind == NoticeKind::kPublisherRestart;
+  EXPECT_TRUE(restart);
+  EXPECT_EQ(sub->stats().restarts, 1u);
+}
+
+TEST_F(BusTest, ReplayThatCannotReachBackIsReported) {
+  auto pub = Publisher(Config("kv", 10));
+  for (uint64_t i = 0; i < 30; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  auto sub = Subscriber::Create(SubOptions(Ep("pub"), Ep("replay"), 5));
+  ASSERT_TRUE(sub.ok());
+  auto got = ReadN(**sub, 10);
+  ASSERT_EQ(got.size(), 10u);
+  EXPECT_EQ(got[0].seq, 20u);
+  auto notices = (*sub)->TakeNotices();
+  ASSERT_FALSE(notices.empty());
+  EXPECT_EQ(notices[0].kind, NoticeKind::kGapUnrecoverable);
+  EXPECT_EQ(notices[0].from_seq, 5u);
+  EXPECT_EQ(notices[0].to_seq, 20u);
+  EXPECT_EQ((*sub)->stats().batches_lost, 15u);
+}
+
+// A pre-#45177 publisher (vLLM <= 0.25) answers replay with [seq, payload]: hand-rolled ROUTER.
+TEST_F(BusTest, AcceptsTheOldTwoFrameReplyShape) {
+  zmq::socket_t router(ctx_, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind(Ep("replay"));
+  zmq::socket_t pub(ctx_, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::linger, 0);
+  pub.bind(Ep("pub"));
+  auto sub = Subscriber::Create(SubOptions(Ep("pub"), Ep("replay"), std::nullopt));
+  ASSERT_TRUE(sub.ok());
+  // A live message with seq 3 while the subscriber expects nothing yet: delivered, then seq 6
+  // shows a gap, answered by the old-shape replay below.
+  std::string p3 = EncodeBatch(Batch(3)), p4 = EncodeBatch(Batch(4)), p5 = EncodeBatch(Batch(5));
+  std::string p6 = EncodeBatch(Batch(6));
+  // Handshake: keep sending seq 3 until the subscriber has it (PUB drops before it connects).
+  std::optional<ReceivedBatch> first;
+  for (int i = 0; i < 500 && !first; ++i) {
+    pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(Be64(3)), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(p3), zmq::send_flags::none);
+    auto n = (*sub)->Next(10ms);
+    ASSERT_TRUE(n.ok());
+    if (n->has_value()) first = std::move(**n);
+  }
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->seq, 3u);
+  pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);
+  pub.send(zmq::buffer(Be64(6)), zmq::send_flags::sndmore);
+  pub.send(zmq::buffer(p6), zmq::send_flags::none);
+  std::thread server([&] {
+    std::vector<zmq::message_t> req;
+    ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(req)));
+    ASSERT_EQ(req.size(), 3u);
+    EXPECT_EQ(Seq(req[2]), 4u);
+    std::string id = req[0].to_string();
+    for (auto [seq, payload] : {std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
+      std::array<zmq::const_buffer, 4> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
+                                                 zmq::buffer(Be64(seq)), zmq::buffer(*payload)};
+      zmq::send_multipart(router, frames);
+    }
+    std::array<zmq::const_buffer, 4> end = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
+                                            zmq::buffer(std::string(8, '\xff')),
+                                            zmq::const_buffer(nullptr, 0)};
+    zmq::send_multipart(router, end);
+  });
+  std::vector<uint64_t> seqs;
+  for (int i = 0; i < 300 && seqs.size() < 3; ++i) {
+    auto n = (*sub)->Next(20ms);
+    ASSERT_TRUE(n.ok());
+    if (n->has_value()) seqs.push_back((*n)->seq);
+  }
+  server.join();
+  EXPECT_EQ(seqs, (std::vector<uint64_t>{4, 5, 6}));
+}
+
+TEST_F(BusTest, MalformedLiveMessagesAreCountedAndSkipped) {
+  zmq::socket_t pub(ctx_, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::linger, 0);
+  pub.bind(Ep("pub"));
+  SubscriberOptions o = SubOptions(Ep("pub"), "", std::nullopt);
+  o.replay_endpoint.reset();
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  std::string good = EncodeBatch(Batch(1));
+  std::optional<ReceivedBatch> got;
+  for (int i = 0; i < 500 && !got; ++i) {
+    pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);  // two frames only
+    pub.send(zmq::buffer(Be64(0)), zmq::send_flags::none);
+    pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);  // short seq frame
+    pub.send(zmq::str_buffer("abc"), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(good), zmq::send_flags::none);
+    pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);  // undecodable payload
+    pub.send(zmq::buffer(Be64(2 * i)), zmq::send_flags::sndmore);
+    pub.send(zmq::str_buffer("\xc1"), zmq::send_flags::none);
+    pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);  // a good one
+    pub.send(zmq::buffer(Be64(2 * i + 1)), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(good), zmq::send_flags::none);
+    auto n = (*sub)->Next(10ms);
+    ASSERT_TRUE(n.ok());
+    if (n->has_value()) got = std::move(**n);
+  }
+  ASSERT_TRUE(got.has_value());
+  auto stats = (*sub)->stats();
+  EXPECT_GE(stats.malformed_messages, 2u);
+  EXPECT_GE(stats.decode_errors, 1u);
+}
+
+}  // namespace
+}  // namespace kvo
