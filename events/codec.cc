@@ -253,13 +253,35 @@ const char* TypeName(msgpack::type::object_type t) {
   return "unknown";
 }
 
+// A location in the batch ("events[2].block_hashes[0]") built on the stack and rendered only
+// when an error needs it, so the success path allocates nothing for it.
+class Path {
+ public:
+  explicit Path(std::string_view root) : name_(root) {}
+  Path Field(std::string_view name) const { return Path(this, name, 0, false); }
+  Path Index(size_t index) const { return Path(this, {}, index, true); }
+  std::string str() const {
+    std::string out = parent_ != nullptr ? parent_->str() : std::string();
+    if (is_index_) return out + "[" + std::to_string(index_) + "]";
+    return out.empty() ? std::string(name_) : out + "." + std::string(name_);
+  }
+
+ private:
+  Path(const Path* parent, std::string_view name, size_t index, bool is_index)
+      : parent_(parent), name_(name), index_(index), is_index_(is_index) {}
+  const Path* parent_ = nullptr;
+  std::string_view name_;
+  size_t index_ = 0;
+  bool is_index_ = false;
+};
+
 class Decoder {
  public:
   Status error;
 
-  bool Fail(const std::string& path, const char* expected, const msgpack::object& got) {
-    error =
-        Status::InvalidArgument(path + ": expected " + expected + ", got " + TypeName(got.type));
+  bool Fail(const Path& path, const char* expected, const msgpack::object& got) {
+    error = Status::InvalidArgument(path.str() + ": expected " + expected + ", got " +
+                                    TypeName(got.type));
     return false;
   }
   bool FailMsg(std::string msg) {
@@ -267,10 +289,11 @@ class Decoder {
     return false;
   }
 
-  bool Int(const msgpack::object& o, const std::string& path, int64_t* out) {
+  bool Int(const msgpack::object& o, const Path& path, int64_t* out) {
     if (o.type == msgpack::type::POSITIVE_INTEGER) {
       if (o.via.u64 > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return FailMsg(path + ": integer " + std::to_string(o.via.u64) + " out of int64 range");
+        return FailMsg(path.str() + ": integer " + std::to_string(o.via.u64) +
+                       " out of int64 range");
       }
       *out = static_cast<int64_t>(o.via.u64);
       return true;
@@ -282,7 +305,7 @@ class Decoder {
     return Fail(path, "int", o);
   }
 
-  bool OptInt(const msgpack::object& o, const std::string& path, std::optional<int64_t>* out) {
+  bool OptInt(const msgpack::object& o, const Path& path, std::optional<int64_t>* out) {
     if (o.type == msgpack::type::NIL) {
       out->reset();
       return true;
@@ -293,7 +316,7 @@ class Decoder {
     return true;
   }
 
-  bool OptStr(const msgpack::object& o, const std::string& path, std::optional<std::string>* out) {
+  bool OptStr(const msgpack::object& o, const Path& path, std::optional<std::string>* out) {
     if (o.type == msgpack::type::NIL) {
       out->reset();
       return true;
@@ -303,7 +326,7 @@ class Decoder {
     return true;
   }
 
-  bool Hash(const msgpack::object& o, const std::string& path, BlockHash* out) {
+  bool Hash(const msgpack::object& o, const Path& path, BlockHash* out) {
     switch (o.type) {
       case msgpack::type::POSITIVE_INTEGER:
         *out = BlockHash::Uint(o.via.u64);
@@ -319,18 +342,18 @@ class Decoder {
     }
   }
 
-  bool Hashes(const msgpack::object& o, const std::string& path, std::vector<BlockHash>* out) {
+  bool Hashes(const msgpack::object& o, const Path& path, std::vector<BlockHash>* out) {
     if (o.type != msgpack::type::ARRAY) return Fail(path, "array of block hashes", o);
     out->resize(o.via.array.size);
     for (uint32_t i = 0; i < o.via.array.size; ++i) {
-      if (!Hash(o.via.array.ptr[i], path + "[" + std::to_string(i) + "]", &(*out)[i])) {
+      if (!Hash(o.via.array.ptr[i], path.Index(i), &(*out)[i])) {
         return false;
       }
     }
     return true;
   }
 
-  bool OptHash(const msgpack::object& o, const std::string& path, std::optional<BlockHash>* out) {
+  bool OptHash(const msgpack::object& o, const Path& path, std::optional<BlockHash>* out) {
     if (o.type == msgpack::type::NIL) {
       out->reset();
       return true;
@@ -341,7 +364,7 @@ class Decoder {
     return true;
   }
 
-  bool Tokens(const msgpack::object& o, const std::string& path, std::vector<int64_t>* out) {
+  bool Tokens(const msgpack::object& o, const Path& path, std::vector<int64_t>* out) {
     if (o.type != msgpack::type::ARRAY) return Fail(path, "array of ints", o);
     out->resize(o.via.array.size);
     const msgpack::object* items = o.via.array.ptr;
@@ -350,14 +373,14 @@ class Decoder {
       if (items[i].type == msgpack::type::POSITIVE_INTEGER &&
           items[i].via.u64 <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         (*out)[i] = static_cast<int64_t>(items[i].via.u64);
-      } else if (!Int(items[i], path + "[" + std::to_string(i) + "]", &(*out)[i])) {
+      } else if (!Int(items[i], path.Index(i), &(*out)[i])) {
         return false;
       }
     }
     return true;
   }
 
-  bool AnyValue(const msgpack::object& o, const std::string& path, Value* out) {
+  bool AnyValue(const msgpack::object& o, const Path& path, Value* out) {
     switch (o.type) {
       case msgpack::type::NIL:
         out->v = std::monostate{};
@@ -388,7 +411,7 @@ class Decoder {
       case msgpack::type::ARRAY: {
         ValueArray items(o.via.array.size);
         for (uint32_t i = 0; i < o.via.array.size; ++i) {
-          if (!AnyValue(o.via.array.ptr[i], path + "[" + std::to_string(i) + "]", &items[i])) {
+          if (!AnyValue(o.via.array.ptr[i], path.Index(i), &items[i])) {
             return false;
           }
         }
@@ -400,7 +423,7 @@ class Decoder {
     }
   }
 
-  bool ExtraKeys(const msgpack::object& o, const std::string& path,
+  bool ExtraKeys(const msgpack::object& o, const Path& path,
                  std::optional<std::vector<Value>>* out) {
     if (o.type == msgpack::type::NIL) {
       out->reset();
@@ -410,7 +433,7 @@ class Decoder {
     std::vector<Value> keys(o.via.array.size);
     for (uint32_t i = 0; i < o.via.array.size; ++i) {
       const msgpack::object& k = o.via.array.ptr[i];
-      std::string item_path = path + "[" + std::to_string(i) + "]";
+      Path item_path = path.Index(i);
       if (k.type != msgpack::type::NIL && k.type != msgpack::type::ARRAY) {
         return Fail(item_path, "array (tuple) or nil", k);
       }
@@ -422,7 +445,7 @@ class Decoder {
 
   // Field setters shared by the map and the positional forms. `index` is the field's position in
   // the declaration order of A.1 (0-based, tag excluded).
-  bool StoredField(BlockStored* e, int index, const msgpack::object& o, const std::string& p) {
+  bool StoredField(BlockStored* e, int index, const msgpack::object& o, const Path& p) {
     switch (index) {
       case 0:
         return Hashes(o, p, &e->block_hashes);
@@ -457,7 +480,7 @@ class Decoder {
     }
   }
 
-  bool RemovedField(BlockRemoved* e, int index, const msgpack::object& o, const std::string& p) {
+  bool RemovedField(BlockRemoved* e, int index, const msgpack::object& o, const Path& p) {
     switch (index) {
       case 0:
         return Hashes(o, p, &e->block_hashes);
@@ -497,19 +520,19 @@ class Decoder {
   static constexpr int kRemovedRequired = 1;
 
   template <class E, size_t N>
-  bool MapEvent(const msgpack::object& o, const std::string& path,
-                const std::string_view (&keys)[N], int required, E* e,
-                bool (Decoder::*field)(E*, int, const msgpack::object&, const std::string&)) {
+  bool MapEvent(const msgpack::object& o, const Path& path, const std::string_view (&keys)[N],
+                int required, E* e,
+                bool (Decoder::*field)(E*, int, const msgpack::object&, const Path&)) {
     uint32_t seen = 0;
     for (uint32_t i = 0; i < o.via.map.size; ++i) {
       const msgpack::object_kv& kv = o.via.map.ptr[i];
       if (kv.key.type != msgpack::type::STR) {
-        return Fail(path + " key", "str", kv.key);
+        return Fail(path.Field("<key>"), "str", kv.key);
       }
       std::string_view key(kv.key.via.str.ptr, kv.key.via.str.size);
       for (size_t f = 0; f < N; ++f) {
         if (key == keys[f]) {
-          if (!(this->*field)(e, static_cast<int>(f), kv.val, path + "." + std::string(key))) {
+          if (!(this->*field)(e, static_cast<int>(f), kv.val, path.Field(key))) {
             return false;
           }
           seen |= 1u << f;
@@ -520,30 +543,29 @@ class Decoder {
     }
     for (int f = 0; f < required; ++f) {
       if ((seen & (1u << f)) == 0) {
-        return FailMsg(path + ": missing required field '" + std::string(keys[f]) + "'");
+        return FailMsg(path.str() + ": missing required field '" + std::string(keys[f]) + "'");
       }
     }
     return true;
   }
 
   template <class E>
-  bool ArrayEvent(const msgpack::object& o, const std::string& path, int required, E* e,
-                  bool (Decoder::*field)(E*, int, const msgpack::object&, const std::string&)) {
+  bool ArrayEvent(const msgpack::object& o, const Path& path, int required, E* e,
+                  bool (Decoder::*field)(E*, int, const msgpack::object&, const Path&)) {
     uint32_t fields = o.via.array.size - 1;  // element 0 is the tag
     if (fields < static_cast<uint32_t>(required)) {
-      return FailMsg(path + ": positional event has " + std::to_string(fields) +
+      return FailMsg(path.str() + ": positional event has " + std::to_string(fields) +
                      " fields, needs at least " + std::to_string(required));
     }
     for (uint32_t i = 0; i < fields; ++i) {
-      if (!(this->*field)(e, static_cast<int>(i), o.via.array.ptr[i + 1],
-                          path + "[" + std::to_string(i + 1) + "]")) {
+      if (!(this->*field)(e, static_cast<int>(i), o.via.array.ptr[i + 1], path.Index(i + 1))) {
         return false;
       }
     }
     return true;
   }
 
-  bool Event(const msgpack::object& o, const std::string& path, KvEvent* out) {
+  bool Event(const msgpack::object& o, const Path& path, KvEvent* out) {
     std::string_view tag;
     const msgpack::object* tag_obj = nullptr;
     if (o.type == msgpack::type::MAP) {
@@ -555,14 +577,14 @@ class Decoder {
           break;
         }
       }
-      if (tag_obj == nullptr) return FailMsg(path + ": event map has no 'type' tag");
+      if (tag_obj == nullptr) return FailMsg(path.str() + ": event map has no 'type' tag");
     } else if (o.type == msgpack::type::ARRAY) {
-      if (o.via.array.size == 0) return FailMsg(path + ": empty positional event");
+      if (o.via.array.size == 0) return FailMsg(path.str() + ": empty positional event");
       tag_obj = &o.via.array.ptr[0];
     } else {
       return Fail(path, "map or array (event)", o);
     }
-    if (tag_obj->type != msgpack::type::STR) return Fail(path + ".type", "str", *tag_obj);
+    if (tag_obj->type != msgpack::type::STR) return Fail(path.Field("type"), "str", *tag_obj);
     tag = std::string_view(tag_obj->via.str.ptr, tag_obj->via.str.size);
     bool is_map = o.type == msgpack::type::MAP;
 
@@ -587,11 +609,12 @@ class Decoder {
       *out = AllBlocksCleared{};
       return true;
     }
-    return FailMsg(path + ": unknown event type '" + std::string(tag.substr(0, 64)) + "'");
+    return FailMsg(path.str() + ": unknown event type '" + std::string(tag.substr(0, 64)) + "'");
   }
 
   bool Batch(const msgpack::object& o, EventBatch* out) {
-    if (o.type != msgpack::type::ARRAY) return Fail("batch", "array [ts, events, dp_rank]", o);
+    if (o.type != msgpack::type::ARRAY)
+      return Fail(Path("batch"), "array [ts, events, dp_rank]", o);
     const msgpack::object_array& a = o.via.array;
     if (a.size < 2) {
       return FailMsg("batch: array has " + std::to_string(a.size) +
@@ -605,17 +628,19 @@ class Decoder {
     } else if (ts.type == msgpack::type::NEGATIVE_INTEGER) {
       out->ts = static_cast<double>(ts.via.i64);
     } else {
-      return Fail("batch.ts", "float", ts);
+      return Fail(Path("batch").Field("ts"), "float", ts);
     }
     const msgpack::object& events = a.ptr[1];
-    if (events.type != msgpack::type::ARRAY) return Fail("batch.events", "array", events);
+    if (events.type != msgpack::type::ARRAY)
+      return Fail(Path("batch").Field("events"), "array", events);
     out->events.resize(events.via.array.size);
     for (uint32_t i = 0; i < events.via.array.size; ++i) {
-      if (!Event(events.via.array.ptr[i], "events[" + std::to_string(i) + "]", &out->events[i])) {
+      if (!Event(events.via.array.ptr[i], Path("events").Index(i), &out->events[i])) {
         return false;
       }
     }
-    if (a.size >= 3 && !OptInt(a.ptr[2], "batch.data_parallel_rank", &out->data_parallel_rank)) {
+    if (a.size >= 3 &&
+        !OptInt(a.ptr[2], Path("batch").Field("data_parallel_rank"), &out->data_parallel_rank)) {
       return false;
     }
     return true;

@@ -175,7 +175,6 @@ class ZmqPublisher final : public EventPublisher {
 
   void Run() {
     std::deque<EventBatch> work;
-    std::string payload;
     int64_t drain_deadline = 0;
     while (true) {
       bool stopping;
@@ -197,9 +196,10 @@ class ZmqPublisher final : public EventPublisher {
         }
       }
       for (EventBatch& batch : work) {
-        payload.clear();
+        std::string payload;  // moves into the replay ring after the send
+        payload.reserve(128);
         EncodeBatchTo(batch, &payload, encode_options_);
-        SendBatch(batch, payload);
+        SendBatch(batch, std::move(payload));
       }
       if (!work.empty()) {
         MutexLock lock(&mu_);
@@ -249,7 +249,7 @@ class ZmqPublisher final : public EventPublisher {
     consumer_sleeping_ = false;
   }
 
-  void SendBatch(const EventBatch& batch, const std::string& payload) {
+  void SendBatch(const EventBatch& batch, std::string payload) {
     uint64_t seq = next_seq_++;
     if (journal_ != nullptr) {
       Status s = journal_->Append(seq, payload);
@@ -278,7 +278,7 @@ class ZmqPublisher final : public EventPublisher {
     stats_.block_events_published += CountBlockEvents(batch);
     if (config_.buffer_steps > 0) {
       if (ring_.size() >= static_cast<size_t>(config_.buffer_steps)) ring_.pop_front();
-      ring_.push_back(RingEntry{seq, payload});
+      ring_.push_back(RingEntry{seq, std::move(payload)});
     }
   }
 
