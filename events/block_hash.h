@@ -1,9 +1,20 @@
 // vLLM's chained prefix-cache block hashes (vllm-compat.md A.7), so routers and engines agree:
 //   H_i = hash_fn((parent_bytes, tuple(token_ids_of_block_i), extra_keys_tuple_or_None))
-// with parent_bytes = NONE_HASH for the first block. Pure functions; thread-safe.
+// with parent_bytes = NONE_HASH for the first block.
+//
+// hash_fn is SHA-256 (OpenSSL) over one of two byte encodings of that Python object:
+//   kSha256      pickle.dumps(obj, protocol=5) exactly as CPython 3's C pickler writes it
+//                (PROTO, FRAMEs split at 64 KiB opcode boundaries, MEMOIZE/BINGET, BININT*/LONG1);
+//   kSha256Cbor  cbor2.dumps(obj, canonical=True) (shortest-form heads).
+// Object identity matters to pickle's memo: as in CPython, '' / one-character latin-1 strs and
+// b'' / one-byte bytes are shared singletons (a repeat is a BINGET); every other str, bytes and
+// tuple of the extra keys is taken to be a distinct object.
+//
+// Pure functions; BlockHasher is thread-compatible, everything else thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,16 +31,48 @@ enum class HashAlgo {
   kSha256Cbor,  // sha256(cbor2.dumps(obj, canonical=True))
 };
 
+inline constexpr size_t kBlockDigestSize = 32;  // raw SHA-256 digest bytes
+
 // "sha256" | "sha256_cbor"; anything else is InvalidArgument naming the value.
 Result<HashAlgo> ParseHashAlgo(std::string_view name);
 const char* HashAlgoName(HashAlgo algo);
 
-// NONE_HASH = hash_fn(seed) where seed is the PYTHONHASHSEED *string*. 32 raw bytes.
+// NONE_HASH = hash_fn(seed) where seed is the PYTHONHASHSEED *string* (its bytes are taken as the
+// UTF-8 of the str; Python only accepts "random" or a decimal integer there). 32 raw bytes.
 std::string NoneHash(HashAlgo algo, std::string_view seed);
 
-// One block's digest (32 raw bytes). `extra_keys` is nullptr for None, else an array Value
-// (a tuple) of str / int / bytes / nested arrays.
-// REQUIRES: extra_keys == nullptr or holds a ValueArray.
+// Reuses its encoding buffer and digest context across blocks: use one per thread when hashing
+// many blocks (HashBlocks does). Thread-compatible.
+class BlockHasher {
+ public:
+  explicit BlockHasher(HashAlgo algo);
+  ~BlockHasher();
+  BlockHasher(const BlockHasher&) = delete;
+  BlockHasher& operator=(const BlockHasher&) = delete;
+
+  HashAlgo Algo() const { return algo_; }
+
+  // hash_fn((parent, tuple(token_ids), extra_keys)). `extra_keys` is nullptr or a nil Value for
+  // None, else an array Value (a tuple) whose elements are str (std::string, valid UTF-8),
+  // int (int64_t / uint64_t), bytes (Binary) or nested arrays (tuples), at most 64 deep.
+  // Anything else (bool, double, nil inside the tuple, invalid UTF-8) is InvalidArgument naming
+  // the type or value. Token ids may be any int64 (negative ones included).
+  Result<std::string> Hash(std::string_view parent, std::span<const int64_t> token_ids,
+                           const Value* extra_keys);
+
+  // The encoded preimage of the last Hash() or HashString() call (for tests and diagnostics).
+  std::string_view LastPreimage() const;
+
+  // hash_fn(str): NONE_HASH when `s` is the seed.
+  std::string HashString(std::string_view s);
+
+ private:
+  struct Impl;
+  HashAlgo algo_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One block's digest (32 raw bytes); see BlockHasher::Hash.
 Result<std::string> HashBlock(HashAlgo algo, std::string_view parent,
                               std::span<const int64_t> token_ids, const Value* extra_keys);
 
@@ -38,16 +81,22 @@ struct BlockHashOptions {
   std::string none_hash;  // from NoneHash(); 32 bytes
   size_t block_size = 16;
   // Optional extra keys per block (index i applies to block i); missing or nil means None.
+  // Entries past the last full block are ignored.
   std::vector<Value> extra_keys;
 };
 
-// Digests of every *full* block of `token_ids`, chained from options.none_hash.
+// Digests of every *full* block of `token_ids`, chained from options.none_hash. A block_size of 0
+// is InvalidArgument.
 Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
                                             const BlockHashOptions& options);
 
-// The default wire form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): last 8 digest bytes, big-endian.
+// The default wire form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): last 8 digest bytes, big-endian
+// (fewer bytes, e.g. a short test digest, are taken as they are).
 uint64_t WireHash(std::string_view digest);
 
+// Lowercase hex of raw bytes, and back (ParseHex accepts either case; odd length or a non-hex
+// character is InvalidArgument).
 std::string ToHex(std::string_view bytes);
+Result<std::string> ParseHex(std::string_view hex);
 
 }  // namespace kvo

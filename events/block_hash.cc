@@ -1,0 +1,722 @@
+// vLLM block hashes. The pickle writer mirrors CPython 3's Modules/_pickle.c (protocol 5):
+//   * dump(): PROTO 5 unframed, then framing on; STOP; the last frame is committed.
+//   * _Pickler_Write(): the first write while no frame is open reserves a 9-byte FRAME header.
+//   * _Pickler_CommitFrame(): a frame of >= 4 payload bytes gets its header, a smaller one has the
+//     reserved header removed.
+//   * save(): every call (atoms included) first runs _Pickler_OpcodeBoundary(), which commits the
+//     open frame once it holds >= 64 KiB. The closing TUPLE/MEMOIZE/STOP are not save() calls.
+//   * _Pickler_write_bytes(): a str/bytes payload >= 64 KiB commits the open frame and is written
+//     (header and data) outside any frame.
+//   * memo: str, bytes and non-empty tuples get MEMOIZE; a repeated object is BINGET/LONG_BINGET;
+//     ints, None and () are never memoized.
+// Everything is written into one reused buffer, then hashed with OpenSSL's SHA-256.
+#include "events/block_hash.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <array>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+#include <variant>
+
+#include "common/check.h"
+
+namespace kvo {
+namespace {
+
+constexpr int kMaxExtraKeyDepth = 64;
+
+// ---------------------------------------------------------------------------------------------
+// A growable byte buffer that keeps its capacity across blocks.
+class ByteBuffer {
+ public:
+  void Clear() { size_ = 0; }
+  void Reserve(size_t n) {
+    if (n > buf_.size()) buf_.resize(std::max(n, buf_.size() * 2));
+  }
+  uint8_t* Extend(size_t n) {
+    if (size_ + n > buf_.size()) Reserve(size_ + n);
+    uint8_t* p = buf_.data() + size_;
+    size_ += n;
+    return p;
+  }
+  void Append(const void* p, size_t n) {
+    if (n != 0) std::memcpy(Extend(n), p, n);
+  }
+  void Push(uint8_t b) { *Extend(1) = b; }
+  uint8_t* Data() { return buf_.data(); }
+  size_t Size() const { return size_; }
+  void Truncate(size_t n) { size_ = n; }
+  std::string_view View() const { return {reinterpret_cast<const char*>(buf_.data()), size_}; }
+
+ private:
+  std::vector<uint8_t> buf_;
+  size_t size_ = 0;
+};
+
+void PutLe32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void PutLe64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+// Strict UTF-8 (what a Python str can encode to): no overlongs, surrogates or > U+10FFFF.
+bool IsValidUtf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  const uint8_t* end = p + s.size();
+  while (p < end) {
+    uint8_t c = *p;
+    if (c < 0x80) {
+      ++p;
+      continue;
+    }
+    int n;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (end - p <= n) return false;
+    for (int i = 1; i <= n; ++i) {
+      if ((p[i] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    p += n + 1;
+  }
+  return true;
+}
+
+std::string Printable(std::string_view s) {
+  constexpr size_t kMax = 40;
+  std::string out = s.size() > kMax ? std::string(s.substr(0, kMax)) + "..." : std::string(s);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// pickle protocol 5, as CPython's C pickler writes it.
+namespace op {
+constexpr uint8_t kProto = 0x80;
+constexpr uint8_t kFrame = 0x95;
+constexpr uint8_t kStop = '.';
+constexpr uint8_t kMark = '(';
+constexpr uint8_t kTuple = 't';
+constexpr uint8_t kEmptyTuple = ')';
+constexpr uint8_t kTupleN[4] = {kEmptyTuple, 0x85, 0x86, 0x87};  // TUPLE1..TUPLE3
+constexpr uint8_t kNone = 'N';
+constexpr uint8_t kBinInt = 'J';
+constexpr uint8_t kBinInt1 = 'K';
+constexpr uint8_t kBinInt2 = 'M';
+constexpr uint8_t kLong1 = 0x8a;
+constexpr uint8_t kShortBinBytes = 'C';
+constexpr uint8_t kBinBytes = 'B';
+constexpr uint8_t kBinBytes8 = 0x8e;
+constexpr uint8_t kShortBinUnicode = 0x8c;
+constexpr uint8_t kBinUnicode = 'X';
+constexpr uint8_t kBinUnicode8 = 0x8d;
+constexpr uint8_t kMemoize = 0x94;
+constexpr uint8_t kBinGet = 'h';
+constexpr uint8_t kLongBinGet = 'j';
+}  // namespace op
+
+constexpr size_t kFrameHeaderSize = 9;
+constexpr size_t kFrameSizeMin = 4;
+constexpr size_t kFrameSizeTarget = size_t{64} * 1024;
+constexpr size_t kNoFrame = static_cast<size_t>(-1);
+
+constexpr size_t kMaxIntSize = 10;  // LONG1, length, 8 bytes
+
+// save_long() for an int64: BININT1 / BININT2 / BININT (signed 32-bit) / LONG1 with the minimal
+// little-endian two's complement (CPython's nbits/8+1 bytes, trimmed once). Returns the length.
+inline size_t EncodeInt(int64_t v, uint8_t* b) {
+  if (v >= INT32_MIN && v <= INT32_MAX) {
+    const auto u = static_cast<uint32_t>(v);
+    if (u <= 0xFF) {
+      b[0] = op::kBinInt1;
+      b[1] = static_cast<uint8_t>(u);
+      return 2;
+    }
+    if (u <= 0xFFFF) {
+      b[0] = op::kBinInt2;
+      b[1] = static_cast<uint8_t>(u);
+      b[2] = static_cast<uint8_t>(u >> 8);
+      return 3;
+    }
+    b[0] = op::kBinInt;
+    PutLe32(b + 1, u);
+    return 5;
+  }
+  const auto u = static_cast<uint64_t>(v);
+  size_t len = 8;
+  while (len > 1) {
+    const auto top = static_cast<uint8_t>(u >> (8 * (len - 1)));
+    const bool next_negative = ((u >> (8 * (len - 1) - 1)) & 1) != 0;
+    if ((top == 0x00 && !next_negative) || (top == 0xFF && next_negative)) {
+      --len;
+    } else {
+      break;
+    }
+  }
+  b[0] = op::kLong1;
+  b[1] = static_cast<uint8_t>(len);
+  PutLe64(b + 2, u);  // only the first `len` bytes count
+  return 2 + len;
+}
+
+class Pickler {
+ public:
+  explicit Pickler(ByteBuffer* out) : out_(out) {}
+
+  void Begin() {
+    out_->Clear();
+    framing_ = false;
+    frame_start_ = kNoFrame;
+    memo_size_ = 0;
+    shared_.clear();
+    const uint8_t proto[2] = {op::kProto, 5};
+    Write(proto, 2);
+    framing_ = true;
+  }
+
+  void Finish() {
+    Op(op::kStop);
+    CommitFrame();
+    framing_ = false;
+  }
+
+  void SaveNone() {
+    OpcodeBoundary();
+    Op(op::kNone);
+  }
+
+  void SaveInt(int64_t v) {
+    OpcodeBoundary();
+    uint8_t b[kMaxIntSize];
+    Write(b, EncodeInt(v, b));
+  }
+
+  void SaveUint(uint64_t v) {
+    if (v <= static_cast<uint64_t>(INT64_MAX)) return SaveInt(static_cast<int64_t>(v));
+    OpcodeBoundary();
+    uint8_t b[11];
+    b[0] = op::kLong1;
+    b[1] = 9;  // the sign needs a ninth, zero, byte
+    PutLe64(b + 2, v);
+    b[10] = 0;
+    Write(b, sizeof(b));
+  }
+
+  void SaveStr(std::string_view utf8) {
+    OpcodeBoundary();
+    const int key = SharedStrKey(utf8);
+    if (Get(key)) return;
+    SaveData(utf8, op::kShortBinUnicode, op::kBinUnicode, op::kBinUnicode8);
+    Memoize(key);
+  }
+
+  void SaveBytes(std::string_view data) {
+    OpcodeBoundary();
+    const int key = SharedBytesKey(data);
+    if (Get(key)) return;
+    SaveData(data, op::kShortBinBytes, op::kBinBytes, op::kBinBytes8);
+    Memoize(key);
+  }
+
+  // A tuple of n elements: BeginTuple(n), save the n elements, EndTuple(n).
+  void BeginTuple(size_t n) {
+    OpcodeBoundary();
+    if (n > 3) Op(op::kMark);
+  }
+  void EndTuple(size_t n) {
+    if (n == 0) {
+      Op(op::kEmptyTuple);  // the () singleton is never memoized
+      return;
+    }
+    Op(n <= 3 ? op::kTupleN[n] : op::kTuple);
+    Memoize(-1);
+  }
+
+  // tuple(token_ids): the same bytes as BeginTuple + SaveInt each + EndTuple, but the tokens go
+  // straight into the buffer in runs that provably cannot reach a frame boundary.
+  void SaveTokens(std::span<const int64_t> tokens) {
+    KVO_DCHECK(framing_);
+    BeginTuple(tokens.size());
+    size_t i = 0;
+    while (i < tokens.size()) {
+      OpcodeBoundary();  // the check save() makes before token i
+      if (frame_start_ == kNoFrame) {
+        frame_start_ = out_->Size();
+        out_->Extend(kFrameHeaderSize);
+      }
+      // The checks before tokens i+1 .. i+run-1 see a frame shorter than the target, so they are
+      // no-ops: frame_len + (run - 1) * kMaxIntSize < kFrameSizeTarget.
+      const size_t frame_len = out_->Size() - frame_start_ - kFrameHeaderSize;
+      const size_t run =
+          std::min(tokens.size() - i, (kFrameSizeTarget - 1 - frame_len) / kMaxIntSize + 1);
+      const size_t start = out_->Size();
+      uint8_t* const begin = out_->Extend(run * kMaxIntSize);
+      uint8_t* p = begin;
+      for (size_t end = i + run; i < end; ++i) p += EncodeInt(tokens[i], p);
+      out_->Truncate(start + static_cast<size_t>(p - begin));
+    }
+    EndTuple(tokens.size());
+  }
+
+ private:
+  void Write(const void* p, size_t n) {
+    if (framing_ && frame_start_ == kNoFrame) {
+      frame_start_ = out_->Size();
+      out_->Extend(kFrameHeaderSize);
+    }
+    out_->Append(p, n);
+  }
+  void Op(uint8_t opcode) { Write(&opcode, 1); }
+
+  void CommitFrame() {
+    if (!framing_ || frame_start_ == kNoFrame) return;
+    const size_t len = out_->Size() - frame_start_ - kFrameHeaderSize;
+    uint8_t* q = out_->Data() + frame_start_;
+    if (len >= kFrameSizeMin) {
+      q[0] = op::kFrame;
+      PutLe64(q + 1, len);
+    } else {
+      std::memmove(q, q + kFrameHeaderSize, len);
+      out_->Truncate(out_->Size() - kFrameHeaderSize);
+    }
+    frame_start_ = kNoFrame;
+  }
+
+  void OpcodeBoundary() {
+    if (framing_ && frame_start_ != kNoFrame &&
+        out_->Size() - frame_start_ - kFrameHeaderSize >= kFrameSizeTarget) {
+      CommitFrame();
+    }
+  }
+
+  // _save_bytes_data / write_unicode_binary + _Pickler_write_bytes.
+  void SaveData(std::string_view data, uint8_t short_op, uint8_t op4, uint8_t op8) {
+    uint8_t header[9];
+    size_t header_len;
+    if (data.size() <= 0xFF) {
+      header[0] = short_op;
+      header[1] = static_cast<uint8_t>(data.size());
+      header_len = 2;
+    } else if (data.size() <= 0xFFFFFFFFu) {
+      header[0] = op4;
+      PutLe32(header + 1, static_cast<uint32_t>(data.size()));
+      header_len = 5;
+    } else {
+      header[0] = op8;
+      PutLe64(header + 1, data.size());
+      header_len = 9;
+    }
+    const bool bypass = data.size() >= kFrameSizeTarget;
+    const bool framing = framing_;
+    if (bypass) {
+      CommitFrame();
+      framing_ = false;
+    }
+    Write(header, header_len);
+    Write(data.data(), data.size());
+    framing_ = framing;
+  }
+
+  // CPython's shared singletons: '' and one-character latin-1 strs, b'' and one-byte bytes.
+  // Returns a key in [0, 514) or -1 for an ordinary (distinct) object.
+  static int SharedBytesKey(std::string_view b) {
+    if (b.empty()) return 0;
+    if (b.size() == 1) return 1 + static_cast<uint8_t>(b[0]);
+    return -1;
+  }
+  static int SharedStrKey(std::string_view s) {
+    constexpr int kBase = 257;
+    if (s.empty()) return kBase;
+    const auto c0 = static_cast<uint8_t>(s[0]);
+    if (s.size() == 1 && c0 < 0x80) return kBase + 1 + c0;
+    if (s.size() == 2 && (c0 == 0xC2 || c0 == 0xC3)) {
+      return kBase + 1 + (((c0 & 0x1F) << 6) | (static_cast<uint8_t>(s[1]) & 0x3F));
+    }
+    return -1;
+  }
+
+  // Writes a memo GET and returns true when the shared object `key` was already memoized.
+  bool Get(int key) {
+    if (key < 0) return false;
+    for (const auto& [k, idx] : shared_) {
+      if (k != key) continue;
+      if (idx < 256) {
+        const uint8_t b[2] = {op::kBinGet, static_cast<uint8_t>(idx)};
+        Write(b, 2);
+      } else {
+        uint8_t b[5] = {op::kLongBinGet};
+        PutLe32(b + 1, idx);
+        Write(b, 5);
+      }
+      return true;
+    }
+    return false;
+  }
+
+  void Memoize(int key) {
+    Op(op::kMemoize);
+    if (key >= 0) shared_.emplace_back(key, memo_size_);
+    ++memo_size_;
+  }
+
+  ByteBuffer* out_;
+  bool framing_ = false;
+  size_t frame_start_ = kNoFrame;
+  uint32_t memo_size_ = 0;
+  std::vector<std::pair<int, uint32_t>> shared_;  // shared singleton key -> memo index
+};
+
+// ---------------------------------------------------------------------------------------------
+// Canonical CBOR (cbor2.dumps(obj, canonical=True)) for the same objects.
+class CborWriter {
+ public:
+  explicit CborWriter(ByteBuffer* out) : out_(out) {}
+
+  void Head(uint8_t major, uint64_t arg) {
+    const auto m = static_cast<uint8_t>(major << 5);
+    uint8_t b[9];
+    size_t n;
+    if (arg < 24) {
+      b[0] = static_cast<uint8_t>(m | arg);
+      n = 1;
+    } else if (arg <= 0xFF) {
+      b[0] = m | 24;
+      b[1] = static_cast<uint8_t>(arg);
+      n = 2;
+    } else if (arg <= 0xFFFF) {
+      b[0] = m | 25;
+      b[1] = static_cast<uint8_t>(arg >> 8);
+      b[2] = static_cast<uint8_t>(arg);
+      n = 3;
+    } else if (arg <= 0xFFFFFFFFu) {
+      b[0] = m | 26;
+      for (int i = 0; i < 4; ++i) b[1 + i] = static_cast<uint8_t>(arg >> (8 * (3 - i)));
+      n = 5;
+    } else {
+      b[0] = m | 27;
+      for (int i = 0; i < 8; ++i) b[1 + i] = static_cast<uint8_t>(arg >> (8 * (7 - i)));
+      n = 9;
+    }
+    out_->Append(b, n);
+  }
+  void Int(int64_t v) {
+    if (v >= 0) {
+      Head(0, static_cast<uint64_t>(v));
+    } else {
+      Head(1, ~static_cast<uint64_t>(v));  // -1 - v
+    }
+  }
+  void Uint(uint64_t v) { Head(0, v); }
+  void Bytes(std::string_view b) {
+    Head(2, b.size());
+    out_->Append(b.data(), b.size());
+  }
+  void Str(std::string_view s) {
+    Head(3, s.size());
+    out_->Append(s.data(), s.size());
+  }
+  void Array(size_t n) { Head(4, n); }
+  void Null() { out_->Push(0xF6); }
+  void Tokens(std::span<const int64_t> tokens) {
+    out_->Reserve(out_->Size() + tokens.size() * 9 + 16);
+    Array(tokens.size());
+    for (int64_t t : tokens) Int(t);
+  }
+
+ private:
+  ByteBuffer* out_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Extra keys: str, int, bytes and tuples of them.
+std::string TypeName(const Value& v) {
+  if (std::holds_alternative<std::string>(v.v)) return "a str";
+  if (std::holds_alternative<Binary>(v.v)) return "a bytes";
+  if (std::holds_alternative<int64_t>(v.v) || std::holds_alternative<uint64_t>(v.v)) {
+    return "an int";
+  }
+  if (std::holds_alternative<ValueArray>(v.v)) return "a tuple";
+  if (std::holds_alternative<bool>(v.v)) return "a bool";
+  if (std::holds_alternative<double>(v.v)) return "a float";
+  return "None";
+}
+
+std::string DescribeUnsupported(const Value& v) {
+  char buf[64];
+  if (const bool* b = std::get_if<bool>(&v.v)) {
+    return std::string("bool (") + (*b ? "true" : "false") + ")";
+  }
+  if (const double* d = std::get_if<double>(&v.v)) {
+    std::snprintf(buf, sizeof(buf), "float (%.17g)", *d);
+    return buf;
+  }
+  if (v.is_nil()) return "None (nil)";
+  return "unknown";
+}
+
+Status UnsupportedExtraKey(const Value& v) {
+  return Status::InvalidArgument("unsupported extra key type " + DescribeUnsupported(v) +
+                                 ": vLLM extra keys are str, int, bytes or tuples of them");
+}
+
+Status CheckStr(const std::string& s) {
+  if (IsValidUtf8(s)) return Status::Ok();
+  return Status::InvalidArgument("extra key str '" + Printable(s) +
+                                 "' is not valid UTF-8 (use bytes for binary data)");
+}
+
+Status TooDeep() {
+  return Status::InvalidArgument("extra keys nested deeper than " +
+                                 std::to_string(kMaxExtraKeyDepth) + " tuples");
+}
+
+Status PickleValue(Pickler& p, const Value& value, int depth) {
+  if (depth > kMaxExtraKeyDepth) return TooDeep();
+  if (const auto* i = std::get_if<int64_t>(&value.v)) {
+    p.SaveInt(*i);
+  } else if (const auto* u = std::get_if<uint64_t>(&value.v)) {
+    p.SaveUint(*u);
+  } else if (const auto* s = std::get_if<std::string>(&value.v)) {
+    KVO_RETURN_IF_ERROR(CheckStr(*s));
+    p.SaveStr(*s);
+  } else if (const auto* b = std::get_if<Binary>(&value.v)) {
+    p.SaveBytes(b->data);
+  } else if (const auto* a = std::get_if<ValueArray>(&value.v)) {
+    p.BeginTuple(a->size());
+    for (const Value& e : *a) KVO_RETURN_IF_ERROR(PickleValue(p, e, depth + 1));
+    p.EndTuple(a->size());
+  } else {
+    return UnsupportedExtraKey(value);
+  }
+  return Status::Ok();
+}
+
+Status CborValue(CborWriter& w, const Value& value, int depth) {
+  if (depth > kMaxExtraKeyDepth) return TooDeep();
+  if (const auto* i = std::get_if<int64_t>(&value.v)) {
+    w.Int(*i);
+  } else if (const auto* u = std::get_if<uint64_t>(&value.v)) {
+    w.Uint(*u);
+  } else if (const auto* s = std::get_if<std::string>(&value.v)) {
+    KVO_RETURN_IF_ERROR(CheckStr(*s));
+    w.Str(*s);
+  } else if (const auto* b = std::get_if<Binary>(&value.v)) {
+    w.Bytes(b->data);
+  } else if (const auto* a = std::get_if<ValueArray>(&value.v)) {
+    w.Array(a->size());
+    for (const Value& e : *a) KVO_RETURN_IF_ERROR(CborValue(w, e, depth + 1));
+  } else {
+    return UnsupportedExtraKey(value);
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+const EVP_MD* Sha256Md() {
+  // Fetched once: EVP_sha256() would re-fetch the implementation on every init. Lives for the
+  // whole process (still reachable, not a leak).
+  static const EVP_MD* const md = [] {
+    EVP_MD* m = EVP_MD_fetch(nullptr, "SHA2-256", nullptr);
+    KVO_CHECK(m != nullptr);
+    return m;
+  }();
+  return md;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+struct BlockHasher::Impl {
+  Impl() : ctx(EVP_MD_CTX_new()) { KVO_CHECK(ctx != nullptr); }
+  ~Impl() { EVP_MD_CTX_free(ctx); }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  std::string Digest() {
+    std::string out(kBlockDigestSize, '\0');
+    unsigned int len = 0;
+    KVO_CHECK(EVP_DigestInit_ex2(ctx, Sha256Md(), nullptr) == 1);
+    KVO_CHECK(EVP_DigestUpdate(ctx, buf.Data(), buf.Size()) == 1);
+    KVO_CHECK(EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(out.data()), &len) == 1);
+    KVO_CHECK(len == kBlockDigestSize);
+    return out;
+  }
+
+  ByteBuffer buf;
+  Pickler pickler{&buf};
+  CborWriter cbor{&buf};
+  EVP_MD_CTX* ctx;
+};
+
+BlockHasher::BlockHasher(HashAlgo algo) : algo_(algo), impl_(std::make_unique<Impl>()) {}
+BlockHasher::~BlockHasher() = default;
+
+std::string_view BlockHasher::LastPreimage() const { return impl_->buf.View(); }
+
+std::string BlockHasher::HashString(std::string_view s) {
+  impl_->buf.Clear();
+  if (algo_ == HashAlgo::kSha256) {
+    Pickler& p = impl_->pickler;
+    p.Begin();
+    p.SaveStr(s);
+    p.Finish();
+  } else {
+    impl_->cbor.Str(s);
+  }
+  return impl_->Digest();
+}
+
+Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const int64_t> token_ids,
+                                      const Value* extra_keys) {
+  if (extra_keys != nullptr && extra_keys->is_nil()) extra_keys = nullptr;
+  const ValueArray* extra = nullptr;
+  if (extra_keys != nullptr) {
+    extra = std::get_if<ValueArray>(&extra_keys->v);
+    if (extra == nullptr) {
+      return Status::InvalidArgument("a block's extra keys must be None or a tuple (array), not " +
+                                     TypeName(*extra_keys));
+    }
+  }
+  impl_->buf.Clear();
+  if (algo_ == HashAlgo::kSha256) {
+    Pickler& p = impl_->pickler;
+    p.Begin();
+    p.BeginTuple(3);
+    p.SaveBytes(parent);
+    p.SaveTokens(token_ids);
+    if (extra == nullptr) {
+      p.SaveNone();
+    } else {
+      KVO_RETURN_IF_ERROR(PickleValue(p, *extra_keys, 1));
+    }
+    p.EndTuple(3);
+    p.Finish();
+  } else {
+    CborWriter& w = impl_->cbor;
+    w.Array(3);
+    w.Bytes(parent);
+    w.Tokens(token_ids);
+    if (extra == nullptr) {
+      w.Null();
+    } else {
+      KVO_RETURN_IF_ERROR(CborValue(w, *extra_keys, 1));
+    }
+  }
+  return impl_->Digest();
+}
+
+// ---------------------------------------------------------------------------------------------
+Result<HashAlgo> ParseHashAlgo(std::string_view name) {
+  if (name == "sha256") return HashAlgo::kSha256;
+  if (name == "sha256_cbor") return HashAlgo::kSha256Cbor;
+  return Status::InvalidArgument("unknown block hash algorithm '" + std::string(name) +
+                                 "' (supported: sha256, sha256_cbor)");
+}
+
+const char* HashAlgoName(HashAlgo algo) {
+  switch (algo) {
+    case HashAlgo::kSha256:
+      return "sha256";
+    case HashAlgo::kSha256Cbor:
+      return "sha256_cbor";
+  }
+  return "unknown";
+}
+
+std::string NoneHash(HashAlgo algo, std::string_view seed) {
+  BlockHasher hasher(algo);
+  return hasher.HashString(seed);
+}
+
+Result<std::string> HashBlock(HashAlgo algo, std::string_view parent,
+                              std::span<const int64_t> token_ids, const Value* extra_keys) {
+  BlockHasher hasher(algo);
+  return hasher.Hash(parent, token_ids, extra_keys);
+}
+
+Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
+                                            const BlockHashOptions& options) {
+  if (options.block_size == 0) return Status::InvalidArgument("block_size must be > 0, got 0");
+  if (options.none_hash.empty()) {
+    return Status::InvalidArgument("none_hash is empty (compute it with NoneHash(algo, seed))");
+  }
+  const size_t num_blocks = token_ids.size() / options.block_size;
+  std::vector<std::string> out;
+  out.reserve(num_blocks);
+  BlockHasher hasher(options.algo);
+  for (size_t i = 0; i < num_blocks; ++i) {
+    const std::string& parent = i == 0 ? options.none_hash : out.back();
+    const Value* extra = i < options.extra_keys.size() ? &options.extra_keys[i] : nullptr;
+    auto digest =
+        hasher.Hash(parent, token_ids.subspan(i * options.block_size, options.block_size), extra);
+    if (!digest.ok()) return digest.status().WithContext("block " + std::to_string(i));
+    out.push_back(std::move(digest).value());
+  }
+  return out;
+}
+
+uint64_t WireHash(std::string_view digest) {
+  const size_t n = std::min<size_t>(8, digest.size());
+  uint64_t v = 0;
+  for (size_t i = digest.size() - n; i < digest.size(); ++i) {
+    v = (v << 8) | static_cast<uint8_t>(digest[i]);
+  }
+  return v;
+}
+
+std::string ToHex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(bytes.size() * 2, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const auto b = static_cast<uint8_t>(bytes[i]);
+    out[2 * i] = kDigits[b >> 4];
+    out[2 * i + 1] = kDigits[b & 0xF];
+  }
+  return out;
+}
+
+Result<std::string> ParseHex(std::string_view hex) {
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (hex.size() % 2 != 0) {
+    return Status::InvalidArgument("hex string '" + Printable(hex) + "' has an odd length (" +
+                                   std::to_string(hex.size()) + ")");
+  }
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = nibble(hex[2 * i]);
+    const int lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      return Status::InvalidArgument("hex string '" + Printable(hex) +
+                                     "' has a non-hex character at offset " +
+                                     std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
+    }
+    out[i] = static_cast<char>((hi << 4) | lo);
+  }
+  return out;
+}
+
+}  // namespace kvo
