@@ -1,38 +1,51 @@
 // Journal: kvo's durable event store. Append-only segmented files of length-prefixed, checksummed
 // records; each record is one encoded EventBatch with its sequence number. Crash-safe: a torn or
-// corrupt tail is detected on Open and truncated, never returned.
+// corrupt tail is detected on Open and truncated, never returned. The byte layout is specified in
+// schemas/journal_format.md.
+//
+// Files: `dir/<first seq, 20 decimal digits>.kvj`, e.g. 00000000000000000042.kvj holds records
+// 42, 43, ... up to the next segment's first seq. Other names in `dir` are ignored.
+//
+// Durability: Append buffers records in user space (no syscall per record). Records reach the OS
+// (and so survive a crash of this process) on Flush(), Sync(), NewReader(), a segment roll, or when
+// the 64 KiB buffer fills; they survive power loss once fsynced (Sync(), or the FsyncPolicy).
+// A publisher therefore appends a run of batches, calls Flush() (or Sync()), then publishes them.
 //
 // Thread-safety: Journal methods may be called from any thread (internally serialised).
-// A JournalReader is owned by one thread and reads a consistent prefix of the journal.
+// A JournalReader is owned by one thread; it reads the records appended before NewReader returned
+// and is safe while the writer keeps appending. A segment dropped by DropSegmentsBefore while a
+// reader still had to open it makes that reader's Next return NotFound.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 
+#include "common/clock.h"
 #include "common/file_system.h"
 #include "common/result.h"
 
 namespace kvo {
 
 enum class FsyncPolicy {
-  kNever,       // leave it to the OS (fastest; survives process crash, not power loss)
+  kNever,       // leave it to the OS (fastest; survives process crash once flushed, not power loss)
   kEveryBatch,  // fdatasync after every Append
-  kInterval,    // fdatasync when fsync_interval_ms has passed since the last sync
+  kInterval,    // fdatasync on Append when fsync_interval_ms has passed since the last sync
 };
 
 // "never" | "batch" | "interval"; anything else is InvalidArgument naming the value.
 Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name);
+std::string_view FsyncPolicyName(FsyncPolicy policy);
 
 struct JournalOptions {
-  std::string dir;                         // created (0700) when missing
-  uint64_t segment_bytes = 64ull << 20;    // roll to a new segment file past this size
+  std::string dir;                       // created (0700) when missing (unless read_only)
+  uint64_t segment_bytes = 64ull << 20;  // roll to a new segment file past this size
   FsyncPolicy fsync = FsyncPolicy::kNever;
   int64_t fsync_interval_ms = 100;
-  FileSystem* fs = nullptr;                // Default: DefaultFileSystem()
-  bool read_only = false;                  // for inspection tools: never truncates or writes
+  FileSystem* fs = nullptr;  // Default: DefaultFileSystem()
+  Clock* clock = nullptr;    // Default: SystemClock(); only FsyncPolicy::kInterval reads it
+  bool read_only = false;    // for inspection tools: never truncates or writes; stops at a torn tail
 };
 
 struct JournalRecord {
@@ -40,10 +53,25 @@ struct JournalRecord {
   std::string payload;  // one msgpack EventBatch, exactly as published
 };
 
+// Format constants (schemas/journal_format.md).
+inline constexpr char kJournalSegmentSuffix[] = ".kvj";
+inline constexpr uint32_t kJournalFormatVersion = 1;
+inline constexpr size_t kJournalSegmentHeaderBytes = 32;
+inline constexpr size_t kJournalRecordHeaderBytes = 20;
+// Largest payload Append accepts; a larger length field on disk is corruption.
+inline constexpr size_t kJournalMaxPayloadBytes = 256u << 20;
+
+// The file name of the segment whose first record is `first_seq`: "%020llu.kvj".
+std::string JournalSegmentName(uint64_t first_seq);
+// The checksum stored in a record (XXH3-64 over its length, seq and payload fields).
+uint64_t JournalRecordChecksum(uint64_t seq, std::string_view payload);
+
 class JournalReader {
  public:
   virtual ~JournalReader() = default;
-  // Fills *record with the next record; returns false at the end of the journal.
+  // Fills *record with the next record (reusing its capacity); returns false at the end of the
+  // journal as it was when the reader was created. A record failing its checksum is Corruption
+  // naming the file and offset.
   virtual Result<bool> Next(JournalRecord* record) = 0;
 };
 
@@ -51,23 +79,36 @@ class Journal {
  public:
   virtual ~Journal() = default;
 
-  // Opens or creates the journal in options.dir, validating every segment; a torn or corrupt tail
-  // of the last segment is truncated (and logged). Corruption in the middle is an error.
+  // Opens or creates the journal in options.dir, validating every record of every segment. A torn
+  // tail of the last segment (a partial or checksum-failing record with no valid record after it)
+  // is truncated and logged (read_only: left alone and not read). Anything else that fails to
+  // parse -- a bad record followed by valid ones, a torn non-last segment, a wrong magic, version
+  // or name, decreasing seqs -- is Corruption naming the file and offset.
   static Result<std::unique_ptr<Journal>> Open(const JournalOptions& options);
 
-  // REQUIRES: seq > last_seq() when the journal is not empty (strictly increasing; gaps allowed).
+  // Appends one record. InvalidArgument when seq <= last_seq() on a non-empty journal (strictly
+  // increasing; gaps allowed) or the payload exceeds kJournalMaxPayloadBytes; FailedPrecondition
+  // when read-only. After a write error every later Append fails (reopen to recover).
   virtual Status Append(uint64_t seq, std::string_view payload) = 0;
+  // Hands buffered records to the OS (survives a crash of this process).
+  virtual Status Flush() = 0;
+  // Flush, then fdatasync the active segment (survives power loss).
   virtual Status Sync() = 0;
 
   virtual bool empty() const = 0;
   // Sequence numbers of the oldest and newest record kept. REQUIRES: !empty().
   virtual uint64_t first_seq() const = 0;
   virtual uint64_t last_seq() const = 0;
+  // Number of segment files, and their total size in bytes (including buffered bytes).
+  virtual size_t segment_count() const = 0;
+  virtual uint64_t total_bytes() const = 0;
 
-  // A reader positioned at the first record with seq >= from_seq.
+  // A reader positioned at the first record with seq >= from_seq. Flushes first, so the reader sees
+  // every record appended before this call.
   virtual Result<std::unique_ptr<JournalReader>> NewReader(uint64_t from_seq) = 0;
 
-  // Compaction hook: deletes whole segments whose records all have seq < seq.
+  // Compaction hook: deletes whole segments whose records all have seq < seq, oldest first; never
+  // the active (last) segment. FailedPrecondition when read-only.
   virtual Status DropSegmentsBefore(uint64_t seq) = 0;
 };
 

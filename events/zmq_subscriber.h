@@ -81,12 +81,14 @@ class Subscriber {
  public:
   virtual ~Subscriber() = default;
 
-  // Connects (or binds, by vLLM's rule) and, with start_seq set, replays from it.
+  // Connects (or binds, with options.bind) and, with start_seq set, replays from it (waiting up
+  // to replay_timeout_ms for the publisher's answer).
   static Result<std::unique_ptr<Subscriber>> Create(const SubscriberOptions& options,
                                                     Clock* clock = nullptr);
 
   // The next batch in sequence order, waiting up to `timeout`; nullopt on timeout. Errors only
-  // for socket failures; bad messages become notices and are skipped.
+  // for socket failures; bad messages become notices and are skipped. A replay started inside
+  // (gap, probe) is waited for up to replay_timeout_ms, which may exceed `timeout`.
   virtual Result<std::optional<ReceivedBatch>> Next(std::chrono::milliseconds timeout) = 0;
   // Notices since the last call, oldest first.
   virtual std::vector<SubscriberNotice> TakeNotices() = 0;
