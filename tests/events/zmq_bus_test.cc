@@ -341,6 +341,29 @@ TEST_F(BusTest, ReplayThatCannotReachBackIsReported) {
   EXPECT_EQ((*sub)->stats().batches_lost, 15u);
 }
 
+TEST_F(BusTest, DataParallelRanksPublishOnOffsetEndpointsAndTagTheirBatches) {
+  KvEventsConfig c = Config();
+  c.endpoint = "inproc://bus-dp";
+  c.replay_endpoint = "inproc://bus-dp-replay";
+  auto rank0 = CreateEventPublisher(c, 0);
+  auto rank1 = CreateEventPublisher(c, 1);
+  ASSERT_TRUE(rank0.ok() && rank1.ok());
+  ASSERT_TRUE((*rank0)->Publish(Batch(0)).ok());
+  ASSERT_TRUE((*rank1)->Publish(Batch(1)).ok());
+  (*rank0)->Flush();
+  (*rank1)->Flush();
+  for (int64_t rank : {0, 1}) {
+    SubscriberOptions o = SubOptions(*OffsetEndpointPort(c.endpoint, rank),
+                                     *OffsetEndpointPort(*c.replay_endpoint, rank), 0);
+    auto sub = Subscriber::Create(o);
+    ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+    auto got = ReadN(**sub, 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].batch.data_parallel_rank, rank);
+    EXPECT_EQ(got[0].batch.events, Batch(static_cast<uint64_t>(rank)).events);
+  }
+}
+
 // A pre-#45177 publisher (vLLM <= 0.25) answers replay with [seq, payload]: hand-rolled ROUTER.
 TEST_F(BusTest, AcceptsTheOldTwoFrameReplyShape) {
   zmq::socket_t router(ctx_, zmq::socket_type::router);
