@@ -45,7 +45,7 @@ struct JournalOptions {
   int64_t fsync_interval_ms = 100;
   FileSystem* fs = nullptr;  // Default: DefaultFileSystem()
   Clock* clock = nullptr;    // Default: SystemClock(); only FsyncPolicy::kInterval reads it
-  bool read_only = false;    // for inspection tools: never truncates or writes; stops at a torn tail
+  bool read_only = false;  // for inspection tools: never truncates or writes; stops at a torn tail
 };
 
 struct JournalRecord {
