@@ -310,7 +310,7 @@ class Decoder {
       out->reset();
       return true;
     }
-    int64_t v;
+    int64_t v = 0;
     if (!Int(o, path, &v)) return false;
     *out = v;
     return true;

@@ -94,7 +94,10 @@ class ZmqPublisher final : public EventPublisher {
     }
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Status::IOError("eventfd failed");
-    if (journal_ != nullptr && !journal_->empty()) next_seq_ = journal_->last_seq() + 1;
+    if (journal_ != nullptr && !journal_->empty()) {
+      MutexLock lock(&mu_);
+      next_seq_ = journal_->last_seq() + 1;
+    }
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "zmq-publisher");
     return Status::Ok();
@@ -195,12 +198,7 @@ class ZmqPublisher final : public EventPublisher {
           work.clear();
         }
       }
-      for (EventBatch& batch : work) {
-        std::string payload;  // moves into the replay ring after the send
-        payload.reserve(128);
-        EncodeBatchTo(batch, &payload, encode_options_);
-        SendBatch(batch, std::move(payload));
-      }
+      if (!work.empty()) PublishRun(work);
       if (!work.empty()) {
         MutexLock lock(&mu_);
         processed_ += work.size();
@@ -249,16 +247,39 @@ class ZmqPublisher final : public EventPublisher {
     consumer_sleeping_ = false;
   }
 
-  void SendBatch(const EventBatch& batch, std::string payload) {
-    uint64_t seq = next_seq_++;
+  // Encodes a run of queued batches, journals them and hands the journal's bytes to the OS (one
+  // write for the run), then sends them: a batch is never on the wire before it is in the journal,
+  // so a restart cannot reuse a sequence number a subscriber has seen.
+  void PublishRun(std::deque<EventBatch>& work) {
+    uint64_t first_seq;
+    {
+      MutexLock lock(&mu_);
+      first_seq = next_seq_;
+      next_seq_ += work.size();
+    }
+    payloads_.resize(work.size());
+    for (size_t i = 0; i < work.size(); ++i) {
+      payloads_[i].clear();
+      EncodeBatchTo(work[i], &payloads_[i], encode_options_);
+    }
     if (journal_ != nullptr) {
-      Status s = journal_->Append(seq, payload);
+      Status s;
+      for (size_t i = 0; i < work.size() && s.ok(); ++i)
+        s = journal_->Append(first_seq + i, payloads_[i]);
+      if (s.ok()) s = journal_->Flush();
       if (!s.ok()) {
         MutexLock lock(&mu_);
         ++stats_.journal_errors;
-        KVO_LOG_ERROR("kv-events journal append of seq {} failed: {}", seq, s.ToString());
+        KVO_LOG_ERROR("kv-events journal append of seqs {}..{} failed: {}", first_seq,
+                      first_seq + work.size() - 1, s.ToString());
       }
     }
+    for (size_t i = 0; i < work.size(); ++i) {
+      SendBatch(work[i], first_seq + i, std::move(payloads_[i]));
+    }
+  }
+
+  void SendBatch(const EventBatch& batch, uint64_t seq, std::string payload) {
     std::string seq_bytes = BigEndian64(seq);
     bool sent = false;
     try {
@@ -441,6 +462,7 @@ class ZmqPublisher final : public EventPublisher {
   zmq::socket_t router_;
   int wake_fd_ = -1;
   std::vector<ReplaySession> sessions_;
+  std::vector<std::string> payloads_;  // encoded batches of the run being published
   bool replay_blocked_ = false;
   std::thread thread_;
 
