@@ -489,6 +489,20 @@ Status TooDeep() {
                                  std::to_string(kMaxExtraKeyDepth) + " tuples");
 }
 
+Status CheckValue(const Value& value, int depth) {
+  if (depth > kMaxExtraKeyDepth) return TooDeep();
+  if (const auto* s = std::get_if<std::string>(&value.v)) return CheckStr(*s);
+  if (const auto* a = std::get_if<ValueArray>(&value.v)) {
+    for (const Value& item : *a) KVO_RETURN_IF_ERROR(CheckValue(item, depth + 1));
+    return Status::Ok();
+  }
+  if (std::holds_alternative<int64_t>(value.v) || std::holds_alternative<uint64_t>(value.v) ||
+      std::holds_alternative<Binary>(value.v)) {
+    return Status::Ok();
+  }
+  return UnsupportedExtraKey(value);
+}
+
 Status PickleValue(Pickler& p, const Value& value, int depth) {
   if (depth > kMaxExtraKeyDepth) return TooDeep();
   if (const auto* i = std::get_if<int64_t>(&value.v)) {
@@ -717,6 +731,15 @@ Result<std::string> ParseHex(std::string_view hex) {
     out[i] = static_cast<char>((hi << 4) | lo);
   }
   return out;
+}
+
+Status CheckExtraKeys(const Value& extra_keys) {
+  if (extra_keys.is_nil()) return Status::Ok();
+  if (!std::holds_alternative<ValueArray>(extra_keys.v)) {
+    return Status::InvalidArgument("extra keys must be None or a tuple, got " +
+                                   DescribeUnsupported(extra_keys));
+  }
+  return CheckValue(extra_keys, 1);
 }
 
 }  // namespace kvo

@@ -90,6 +90,10 @@ struct BlockHashOptions {
 Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
                                             const BlockHashOptions& options);
 
+// Ok when `extra_keys` is nil or a tuple that HashBlock can hash (str, int, bytes, nested tuples);
+// else InvalidArgument naming the offending value.
+Status CheckExtraKeys(const Value& extra_keys);
+
 // The default wire form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): last 8 digest bytes, big-endian
 // (fewer bytes, e.g. a short test digest, are taken as they are).
 uint64_t WireHash(std::string_view digest);

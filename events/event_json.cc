@@ -540,4 +540,16 @@ Result<EventBatch> BatchFromJson(std::string_view json) {
   }
 }
 
+Result<std::vector<Value>> ExtraKeysFromJsonText(std::string_view json, const std::string& what) {
+  Json doc;
+  try {
+    doc = Json::parse(json);
+  } catch (const Json::exception& e) {
+    return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
+  }
+  if (doc.is_null()) return TypeError(what, "array with one entry per block", doc);
+  KVO_ASSIGN_OR_RETURN(std::optional<std::vector<Value>> keys, ExtraKeysFromJson(doc, what));
+  return std::move(keys).value();
+}
+
 }  // namespace kvo

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/result.h"
 #include "events/event.h"
@@ -25,5 +26,10 @@ std::string BatchToText(const EventBatch& batch, uint64_t seq);
 // Parses one JSON line of the form above ("seq" and "topic" are accepted and ignored). Errors name
 // the field ("events[1].block_hashes[0]: expected integer or hex string").
 Result<EventBatch> BatchFromJson(std::string_view json);
+
+// Extra keys in the JSON form above: an array with one entry per block, each null or an array of
+// strings, integers, {"bytes":"<hex>"} and nested arrays. `what` names the input in errors
+// ("--extra-keys[1][0]: ...").
+Result<std::vector<Value>> ExtraKeysFromJsonText(std::string_view json, const std::string& what);
 
 }  // namespace kvo

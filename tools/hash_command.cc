@@ -21,6 +21,7 @@
 #include "common/result.h"
 #include "common/status.h"
 #include "events/block_hash.h"
+#include "events/event_json.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -81,71 +82,6 @@ Result<std::vector<int64_t>> ParseTokens(std::string_view text) {
   return out;
 }
 
-const char* JsonTypeName(const nlohmann::json& j) {
-  if (j.is_number_float()) return "a float";
-  return j.type_name();
-}
-
-// A JSON extra key: string -> str, integer -> int, {"bytes": "<hex>"} -> bytes, array -> tuple.
-Result<Value> JsonToKey(const nlohmann::json& j, const std::string& where, int depth) {
-  if (depth > 64) return Status::InvalidArgument(where + ": extra keys nested too deeply");
-  if (j.is_string()) return Value{j.get<std::string>()};
-  if (j.is_number_integer() && !j.is_number_unsigned()) return Value{j.get<int64_t>()};
-  if (j.is_number_unsigned()) {
-    const auto u = j.get<uint64_t>();
-    if (u <= static_cast<uint64_t>(INT64_MAX)) return Value{static_cast<int64_t>(u)};
-    return Value{u};
-  }
-  if (j.is_array()) {
-    ValueArray a;
-    a.reserve(j.size());
-    for (size_t i = 0; i < j.size(); ++i) {
-      KVO_ASSIGN_OR_RETURN(Value v,
-                           JsonToKey(j[i], where + "[" + std::to_string(i) + "]", depth + 1));
-      a.push_back(std::move(v));
-    }
-    return Value{std::move(a)};
-  }
-  if (j.is_object() && j.size() == 1 && j.contains("bytes") && j["bytes"].is_string()) {
-    auto raw = ParseHex(j["bytes"].get<std::string>());
-    if (!raw.ok()) return raw.status().WithContext(where);
-    return Value{Binary{std::move(raw).value()}};
-  }
-  return Status::InvalidArgument(where + ": unsupported extra key " + j.dump() + " (" +
-                                 JsonTypeName(j) +
-                                 "); use a string, an integer, {\"bytes\":\"<hex>\"} or an array");
-}
-
-Result<std::vector<Value>> ParseExtraKeys(const std::string& text) {
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::InvalidArgument("--extra-keys is not valid JSON (" + std::string(e.what()) +
-                                   "): '" + text + "'");
-  }
-  if (!doc.is_array()) {
-    return Status::InvalidArgument(
-        std::string("--extra-keys must be a JSON array with one entry (null or an array) per "
-                    "block, got ") +
-        JsonTypeName(doc));
-  }
-  std::vector<Value> out;
-  out.reserve(doc.size());
-  for (size_t i = 0; i < doc.size(); ++i) {
-    const std::string where = "--extra-keys[" + std::to_string(i) + "]";
-    if (doc[i].is_null()) {
-      out.emplace_back();
-    } else if (doc[i].is_array()) {
-      KVO_ASSIGN_OR_RETURN(Value v, JsonToKey(doc[i], where, 1));
-      out.push_back(std::move(v));
-    } else {
-      return Status::InvalidArgument(where + " must be null or an array, got " + doc[i].dump());
-    }
-  }
-  return out;
-}
-
 Status RunHash(const HashArgs& args, bool have_seed, bool have_tokens) {
   KVO_ASSIGN_OR_RETURN(HashAlgo algo, ParseHashAlgo(args.algo));
   if (!have_seed) {
@@ -160,7 +96,12 @@ Status RunHash(const HashArgs& args, bool have_seed, bool have_tokens) {
   options.none_hash = NoneHash(algo, args.seed);
   options.block_size = block_size;
   if (!args.extra_keys.empty()) {
-    KVO_ASSIGN_OR_RETURN(options.extra_keys, ParseExtraKeys(args.extra_keys));
+    KVO_ASSIGN_OR_RETURN(options.extra_keys,
+                         ExtraKeysFromJsonText(args.extra_keys, "--extra-keys"));
+    for (size_t i = 0; i < options.extra_keys.size(); ++i) {
+      Status s = CheckExtraKeys(options.extra_keys[i]);
+      if (!s.ok()) return s.WithContext("--extra-keys[" + std::to_string(i) + "]");
+    }
   }
   KVO_ASSIGN_OR_RETURN(std::vector<std::string> hashes, HashBlocks(tokens, options));
 

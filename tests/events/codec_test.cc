@@ -8,6 +8,8 @@
 #include <random>
 #include <sstream>
 
+#include "events/block_hash.h"
+#include "tests/testing/golden.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -16,25 +18,9 @@ namespace {
 constexpr uint64_t kH1 = 0xb9807785afee48bbULL;
 constexpr uint64_t kH2 = 0xcb73eeaed59c009dULL;
 
-std::string ReadGolden(const std::string& name) {
-  const char* root = std::getenv("KVO_SOURCE_ROOT");
-  std::string path = std::string(root ? root : ".") + "/schemas/golden/" + name + ".msgpack";
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "missing golden vector " << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::ReadGolden;
 
-std::string Hex(std::string_view s) {
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s) {
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
-}
+std::string Hex(std::string_view s) { return ToHex(s); }
 
 BlockStored GpuStore() {
   BlockStored e;

@@ -8,18 +8,9 @@
 #include <string_view>
 
 #include "events/codec.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond, ...)                                                       \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                            \
-      std::fprintf(stderr, "\n");                                                   \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 std::string Hex(std::string_view s) {
   static const char kDigits[] = "0123456789abcdef";

@@ -26,18 +26,9 @@
 #include <spdlog/spdlog.h>
 
 #include "events/journal.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace {
-
-#define FUZZ_CHECK(cond, ...)                                                       \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                            \
-      std::fprintf(stderr, "\n");                                                   \
-      std::abort();                                                                 \
-    }                                                                               \
-  } while (0)
 
 uint64_t Get64(const char* p) {
   uint64_t v = 0;
