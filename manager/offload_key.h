@@ -1,0 +1,55 @@
+// OffloadKey: what the offload manager stores a chunk under — vLLM's OffloadKey
+// (vllm-compat.md B.4: the chunk's last block hash at tokens_per_hash granularity + group index).
+// A compact value type (40 bytes): up to 32 raw hash bytes inline. Thread-compatible.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "events/event.h"
+
+namespace kvo {
+
+class OffloadKey {
+ public:
+  static constexpr size_t kMaxHashBytes = 32;
+
+  OffloadKey() = default;
+  // A raw digest (sha256: 32 bytes, xxh3-128: 16). REQUIRES: digest.size() <= kMaxHashBytes.
+  static OffloadKey FromDigest(std::string_view digest, uint32_t group);
+  // A 64-bit wire hash (vLLM's default int form; Mooncake trace hash_ids), kept as 8 big-endian
+  // bytes so that FromDigest(last 8 bytes) and FromWireHash agree on Wire().
+  static OffloadKey FromWireHash(uint64_t hash, uint32_t group);
+
+  std::string_view digest() const { return {reinterpret_cast<const char*>(bytes_.data()), len_}; }
+  uint32_t group() const { return group_; }
+  // vLLM's maybe_convert_block_hash: the low 64 bits (last 8 bytes, big-endian).
+  uint64_t Wire() const;
+  // The hash as it goes into events: the u64 wire form (vLLM's default).
+  BlockHash EventHash() const { return BlockHash::Uint(Wire()); }
+  std::string Hex() const;  // lowercase hex of digest()
+
+  // vLLM's key bytes: digest + group.to_bytes(4, "big").
+  std::string VllmBytes() const;
+
+  friend bool operator==(const OffloadKey& a, const OffloadKey& b) {
+    return a.len_ == b.len_ && a.group_ == b.group_ &&
+           std::memcmp(a.bytes_.data(), b.bytes_.data(), a.len_) == 0;
+  }
+  size_t Hash() const;  // well mixed; digests are already random
+
+ private:
+  std::array<uint8_t, kMaxHashBytes> bytes_{};
+  uint32_t group_ = 0;
+  uint8_t len_ = 0;
+};
+
+struct OffloadKeyHash {
+  size_t operator()(const OffloadKey& k) const { return k.Hash(); }
+};
+
+}  // namespace kvo
