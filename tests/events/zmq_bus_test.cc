@@ -400,13 +400,14 @@ TEST_F(BusTest, AcceptsTheOldTwoFrameReplyShape) {
     EXPECT_EQ(Seq(req[2]), 4u);
     std::string id = req[0].to_string();
     for (auto [seq, payload] : {std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
+      const std::string seq_bytes = Be64(seq);  // outlives the send below
       std::array<zmq::const_buffer, 4> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
-                                                 zmq::buffer(Be64(seq)), zmq::buffer(*payload)};
+                                                 zmq::buffer(seq_bytes), zmq::buffer(*payload)};
       zmq::send_multipart(router, frames);
     }
+    const std::string end_seq(8, '\xff');
     std::array<zmq::const_buffer, 4> end = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
-                                            zmq::buffer(std::string(8, '\xff')),
-                                            zmq::const_buffer(nullptr, 0)};
+                                            zmq::buffer(end_seq), zmq::const_buffer(nullptr, 0)};
     zmq::send_multipart(router, end);
   });
   std::vector<uint64_t> seqs;
