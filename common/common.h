@@ -5,6 +5,7 @@
 #include "common/clock.h"
 #include "common/file_system.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/mutex.h"
 #include "common/result.h"
 #include "common/status.h"
