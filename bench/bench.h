@@ -38,5 +38,6 @@ double Percentile(std::vector<double> v, double p);
 // Areas; each prints its cases and returns 0, or 1 when a case could not run.
 int RunEventsBench(const BenchOptions& options);
 int RunJournalBench(const BenchOptions& options);  // bench/journal_bench.cc
+int RunManagerBench(const BenchOptions& options);  // bench/manager_bench.cc
 
 }  // namespace kvo::bench

@@ -56,12 +56,22 @@ using CachePolicyFactory = std::function<std::unique_ptr<CachePolicy>(size_t cap
 // Name -> factory. "lru" and "arc" are built in. Thread-safe.
 class CachePolicyRegistry {
  public:
+  // A registry holding only the built-in policies (tests; everyone else uses Global()).
+  CachePolicyRegistry();
+  ~CachePolicyRegistry();
+  CachePolicyRegistry(const CachePolicyRegistry&) = delete;
+  CachePolicyRegistry& operator=(const CachePolicyRegistry&) = delete;
+
   static CachePolicyRegistry& Global();
   // AlreadyExists when the name is taken (vLLM raises ValueError on duplicates).
   Status Register(const std::string& name, CachePolicyFactory factory);
   // InvalidArgument "Unknown cache policy: 'x'. Supported: [...]" when absent.
   Result<std::unique_ptr<CachePolicy>> Create(const std::string& name, size_t capacity) const;
-  std::vector<std::string> Names() const;
+  std::vector<std::string> Names() const;  // sorted
+
+ private:
+  struct State;  // a mutex and the name -> factory map (cache_policy.cc)
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace kvo

@@ -12,6 +12,8 @@ void AddEventsCommands(CLI::App& app);  // kvo events tail|publish|journal
 void AddHashCommand(CLI::App& app);     // kvo hash
 void AddBenchCommand(CLI::App& app);    // kvo bench <area> [--json]
 void AddDemoCommand(CLI::App& app);     // kvo demo
+void AddPlanCommand(CLI::App& app);     // kvo plan
+void AddManagerCommand(CLI::App& app);  // kvo manager ops
 
 void SetExitCode(int code);
 // Prints "kvo: <status>" to stderr and records exit code 1 (2 for invalid arguments).

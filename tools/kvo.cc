@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
   kvo::cli::AddHashCommand(app);
   kvo::cli::AddBenchCommand(app);
   kvo::cli::AddDemoCommand(app);
+  kvo::cli::AddPlanCommand(app);
+  kvo::cli::AddManagerCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return kvo::cli::g_exit_code;

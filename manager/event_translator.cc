@@ -1,0 +1,133 @@
+#include "manager/event_translator.h"
+
+#include <utility>
+
+namespace kvo {
+
+void EventTranslator::Record(const OffloadKey& key, ChunkMetadata metadata, bool overwrite) {
+  if (!self_describing_) return;
+  Entry& e = entries_[key];
+  if (e.meta.has_value() && !overwrite) return;
+  // A key announced in self-describing form keeps the metadata its removal must repeat.
+  if (e.described_tiers != 0 && e.meta.has_value()) return;
+  e.meta = std::move(metadata);
+}
+
+void EventTranslator::ForgetUnannounced(const OffloadKey& key) {
+  auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.described_tiers == 0) entries_.erase(it);
+}
+
+void EventTranslator::Adopt(const OffloadKey& key, ChunkMetadata metadata, int32_t tier) {
+  if (!self_describing_) return;
+  Entry& e = entries_[key];
+  if (!e.meta.has_value()) e.meta = std::move(metadata);
+  e.described_tiers |= Bit(tier);
+}
+
+BlockStored EventTranslator::PlaceholderStored(const OffloadKey& key, const std::string& medium,
+                                               const std::optional<std::string>& locality) {
+  BlockStored s;
+  s.block_hashes.push_back(key.EventHash());
+  s.block_size = 0;
+  s.medium = medium;
+  s.group_idx = key.group();
+  s.locality = locality;
+  return s;
+}
+
+BlockStored EventTranslator::DescribedStored(const OffloadKey& key, const ChunkMetadata& meta,
+                                             const std::string& medium,
+                                             const std::optional<std::string>& locality) {
+  BlockStored s;
+  s.block_hashes = meta.block_hashes;
+  s.parent_block_hash = meta.parent_block_hash;
+  s.token_ids = meta.token_ids;
+  s.block_size = meta.block_size;
+  s.lora_id = meta.lora_id;
+  s.medium = medium;
+  s.lora_name = meta.lora_name;
+  s.group_idx = key.group();
+  s.kv_cache_spec_kind = meta.kv_cache_spec_kind;
+  s.kv_cache_spec_sliding_window = meta.kv_cache_spec_sliding_window;
+  s.locality = locality;
+  return s;
+}
+
+void EventTranslator::Translate(const OffloadingEvent& event, std::vector<KvEvent>* out) {
+  if (event.all_cleared) {
+    // Consumers drop everything: no removal will repeat metadata any more. Blocks re-announced
+    // after this are placeholders (their metadata went with the reset).
+    out->emplace_back(AllBlocksCleared{});
+    entries_.clear();
+    return;
+  }
+  if (event.keys.empty()) return;
+  const uint64_t bit = Bit(event.tier);
+  if (!event.removed) {
+    for (const OffloadKey& key : event.keys) {
+      if (self_describing_) {
+        auto it = entries_.find(key);
+        if (it != entries_.end() && it->second.meta.has_value() &&
+            !it->second.meta->block_hashes.empty()) {
+          it->second.described_tiers |= bit;
+          out->emplace_back(DescribedStored(key, *it->second.meta, event.medium, event.locality));
+          continue;
+        }
+      }
+      out->emplace_back(PlaceholderStored(key, event.medium, event.locality));
+    }
+    return;
+  }
+  // Removal: one BlockRemoved per group, in order of first appearance.
+  groups_.clear();
+  for (const OffloadKey& key : event.keys) {
+    size_t index = out->size();
+    for (const auto& [group, at] : groups_) {
+      if (group == key.group()) {
+        index = at;
+        break;
+      }
+    }
+    if (index == out->size()) {
+      BlockRemoved r;
+      r.medium = event.medium;
+      r.group_idx = key.group();
+      r.locality = event.locality;
+      if (!event.reason.empty()) r.reason = event.reason;
+      out->emplace_back(std::move(r));
+      groups_.emplace_back(key.group(), index);
+    }
+    auto& removed = std::get<BlockRemoved>((*out)[index]);
+    bool described = false;
+    if (self_describing_) {
+      auto it = entries_.find(key);
+      if (it != entries_.end()) {
+        Entry& e = it->second;
+        if ((e.described_tiers & bit) != 0 && e.meta.has_value()) {
+          described = true;
+          removed.block_hashes.insert(removed.block_hashes.end(), e.meta->block_hashes.begin(),
+                                      e.meta->block_hashes.end());
+        }
+        e.described_tiers &= ~bit;
+        if (e.described_tiers == 0) entries_.erase(it);  // vLLM pops the snapshot on removal
+      }
+    }
+    if (!described) removed.block_hashes.push_back(key.EventHash());
+  }
+}
+
+void EventTranslator::AnnouncedHashes(const OffloadKey& key, int32_t tier,
+                                      std::vector<uint64_t>* out) const {
+  if (self_describing_) {
+    auto it = entries_.find(key);
+    if (it != entries_.end() && (it->second.described_tiers & Bit(tier)) != 0 &&
+        it->second.meta.has_value()) {
+      for (const BlockHash& h : it->second.meta->block_hashes) out->push_back(h.Low64());
+      return;
+    }
+  }
+  out->push_back(key.Wire());
+}
+
+}  // namespace kvo

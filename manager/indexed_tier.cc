@@ -1,0 +1,306 @@
+#include "manager/indexed_tier.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace kvo {
+
+// ---- BoundedTierIndex ----
+
+BoundedTierIndex::BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes,
+                                   std::unique_ptr<CachePolicy> policy)
+    : block_bytes_(block_bytes == 0 ? 1 : block_bytes),
+      capacity_(max_bytes == 0 ? UINT64_MAX : max_bytes / block_bytes_),
+      policy_(std::move(policy)) {}
+
+void BoundedTierIndex::Add(const OffloadKey& key, int32_t ref_cnt) {
+  policy_->Insert(key, BlockStatus{ref_cnt, static_cast<int32_t>(keys_.size())});
+  keys_.push_back(key);
+}
+
+bool BoundedTierIndex::Reserve(const OffloadKey& key, std::span<const OffloadKey> protect,
+                               std::vector<OffloadKey>* evicted) {
+  if (keys_.size() >= capacity_) {
+    const size_t need = keys_.size() - static_cast<size_t>(capacity_) + 1;
+    if (need > policy_->num_evictable()) return false;
+    auto victims = policy_->Evict(need, protect);
+    if (!victims.has_value()) return false;
+    // Swap-remove from the dense array, highest position first: the last key is then never a
+    // victim still to be processed, so its status can be updated in the policy.
+    std::sort(victims->begin(), victims->end(),
+              [](const auto& a, const auto& b) { return a.second.slot > b.second.slot; });
+    for (const auto& [victim, status] : *victims) {
+      const size_t pos = static_cast<size_t>(status.slot);
+      if (pos + 1 != keys_.size()) {
+        keys_[pos] = keys_.back();
+        policy_->Get(keys_[pos])->slot = static_cast<int32_t>(pos);
+      }
+      keys_.pop_back();
+      evicted->push_back(victim);
+    }
+  }
+  Add(key, -1);
+  return true;
+}
+
+void BoundedTierIndex::Commit(const OffloadKey& key) {
+  BlockStatus* b = policy_->Get(key);
+  if (b == nullptr || b->ready()) return;
+  b->ref_cnt = 0;
+  policy_->MarkEvictable(key);
+}
+
+void BoundedTierIndex::Erase(const OffloadKey& key) {
+  const BlockStatus* b = policy_->Get(key);
+  if (b == nullptr) return;
+  const size_t pos = static_cast<size_t>(b->slot);
+  policy_->Remove(key);
+  if (pos + 1 != keys_.size()) {
+    keys_[pos] = keys_.back();
+    policy_->Get(keys_[pos])->slot = static_cast<int32_t>(pos);
+  }
+  keys_.pop_back();
+}
+
+bool BoundedTierIndex::AddReady(const OffloadKey& key) {
+  if (policy_->Get(key) != nullptr) return true;
+  if (keys_.size() >= capacity_) return false;
+  Add(key, 0);
+  return true;
+}
+
+bool BoundedTierIndex::Pin(const OffloadKey& key) {
+  BlockStatus* b = policy_->Get(key);
+  if (b == nullptr || !b->ready()) return false;
+  if (b->ref_cnt == 0) policy_->MarkNonEvictable(key);
+  ++b->ref_cnt;
+  return true;
+}
+
+void BoundedTierIndex::Unpin(const OffloadKey& key) {
+  BlockStatus* b = policy_->Get(key);
+  if (b == nullptr || b->ref_cnt <= 0) return;
+  if (--b->ref_cnt == 0) policy_->MarkEvictable(key);
+}
+
+void BoundedTierIndex::ListReady(std::vector<OffloadKey>* out) const {
+  for (const OffloadKey& key : keys_) {
+    const BlockStatus* b = policy_->Get(key);
+    if (b != nullptr && b->ready()) out->push_back(key);
+  }
+}
+
+Status BoundedTierIndex::CheckInvariants() const {
+  if (policy_->size() != keys_.size()) {
+    return Status::Internal("tier index: policy holds " + std::to_string(policy_->size()) +
+                            " blocks, the key array " + std::to_string(keys_.size()));
+  }
+  if (keys_.size() > capacity_) return Status::Internal("tier index: over capacity");
+  for (size_t i = 0; i < keys_.size(); ++i) {
+    const BlockStatus* b = policy_->Get(keys_[i]);
+    if (b == nullptr || b->slot != static_cast<int32_t>(i)) {
+      return Status::Internal("tier index: key at " + std::to_string(i) + " is misplaced");
+    }
+  }
+  return policy_->CheckInvariants();
+}
+
+// ---- IndexedTier ----
+
+IndexedTier::IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
+                         std::shared_ptr<TierTransport> transport)
+    : options_(std::move(options)),
+      index_(options_.max_bytes, options_.block_bytes, std::move(policy)),
+      transport_(std::move(transport)) {}
+
+Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions options,
+                                                         std::shared_ptr<TierTransport> transport) {
+  if (transport == nullptr)
+    return Status::InvalidArgument("tier '" + options.name + "': no transport");
+  if (options.block_bytes == 0) {
+    return Status::InvalidArgument("tier '" + options.name + "': block_bytes must be > 0");
+  }
+  if (options.max_bytes != 0 && options.max_bytes < options.block_bytes) {
+    return Status::InvalidArgument(
+        "tier '" + options.name + "': max_bytes=" + std::to_string(options.max_bytes) +
+        " is smaller than one block (" + std::to_string(options.block_bytes) + " bytes)");
+  }
+  const uint64_t capacity = options.max_bytes == 0 ? 1024 : options.max_bytes / options.block_bytes;
+  std::unique_ptr<CachePolicy> policy;
+  if (options.policy_factory) {
+    policy = options.policy_factory(static_cast<size_t>(capacity));
+  } else {
+    KVO_ASSIGN_OR_RETURN(policy, CachePolicyRegistry::Global().Create(
+                                     options.eviction_policy, static_cast<size_t>(capacity)));
+  }
+  if (policy == nullptr) return Status::InvalidArgument("tier '" + options.name + "': no policy");
+  std::unique_ptr<IndexedTier> tier(
+      new IndexedTier(std::move(options), std::move(policy), std::move(transport)));
+  std::vector<OffloadKey> held;
+  KVO_RETURN_IF_ERROR(tier->transport_->List(&held));
+  std::vector<OffloadKey> over;
+  for (const OffloadKey& key : held) {
+    if (!tier->index_.AddReady(key)) over.push_back(key);
+  }
+  if (!over.empty()) {
+    KVO_LOG_WARN("tier '{}': {} blocks on the medium exceed max_bytes; deleting them",
+                 tier->options_.name, over.size());
+    KVO_RETURN_IF_ERROR(tier->transport_->Delete(over));
+  }
+  return tier;
+}
+
+void IndexedTier::Emit(std::vector<OffloadKey> keys, bool removed, const char* reason) {
+  if (!options_.enable_kv_events || keys.empty()) return;
+  OffloadingEvent& e = events_.emplace_back();
+  e.keys = std::move(keys);
+  e.medium = kMediumStorage;
+  e.removed = removed;
+  e.locality = options_.locality;
+  if (reason != nullptr) e.reason = reason;
+}
+
+LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& /*ctx*/) {
+  const BlockStatus* b = index_.Find(key);
+  return b != nullptr && b->ready() ? LookupResult::kHit : LookupResult::kMiss;
+}
+
+Status IndexedTier::SubmitStore(const TransferJob& job) {
+  Job state;
+  state.is_store = true;
+  TransferJob sub;
+  sub.job_id = job.job_id;
+  sub.req_id = job.req_id;
+  std::vector<OffloadKey> evicted;
+  for (size_t i = 0; i < job.keys.size(); ++i) {
+    const OffloadKey& key = job.keys[i];
+    if (index_.Find(key) != nullptr) {  // held or being written: nothing to do
+      state.ok_upfront.push_back(key);
+      continue;
+    }
+    if (!index_.Reserve(key, job.keys, &evicted)) {
+      ++stores_rejected_;
+      state.all_ok_so_far = false;
+      continue;
+    }
+    sub.keys.push_back(key);
+    sub.slots.push_back(job.slots[i]);
+  }
+  if (!evicted.empty()) {
+    Status s = transport_->Delete(evicted);
+    if (!s.ok()) KVO_LOG_WARN("tier '{}': deleting evicted blocks: {}", name(), s.ToString());
+    Emit(std::move(evicted), /*removed=*/true, kReasonEvicted);
+  }
+  if (sub.keys.empty()) {
+    JobResult r;
+    r.job_id = job.job_id;
+    r.success = state.all_ok_so_far;
+    if (!r.success) r.successful_keys = state.ok_upfront;
+    ready_results_.push_back(std::move(r));
+    return Status::Ok();
+  }
+  state.submitted = sub.keys;
+  Status s = transport_->SubmitStore(sub);
+  if (!s.ok()) {
+    for (const OffloadKey& key : sub.keys) index_.Erase(key);
+    return s;
+  }
+  jobs_.emplace(job.job_id, std::move(state));
+  return Status::Ok();
+}
+
+Status IndexedTier::SubmitLoad(const TransferJob& job) {
+  Job state;
+  TransferJob sub;
+  sub.job_id = job.job_id;
+  sub.is_promotion = true;
+  sub.req_id = job.req_id;
+  for (size_t i = 0; i < job.keys.size(); ++i) {
+    if (!index_.Pin(job.keys[i])) {  // gone meanwhile: that key fails
+      state.all_ok_so_far = false;
+      continue;
+    }
+    sub.keys.push_back(job.keys[i]);
+    sub.slots.push_back(job.slots[i]);
+  }
+  if (sub.keys.empty()) {
+    ready_results_.push_back(JobResult{job.job_id, false, std::vector<OffloadKey>{}, {}});
+    return Status::Ok();
+  }
+  state.submitted = sub.keys;
+  Status s = transport_->SubmitLoad(sub);
+  if (!s.ok()) {
+    for (const OffloadKey& key : sub.keys) index_.Unpin(key);
+    return s;
+  }
+  jobs_.emplace(job.job_id, std::move(state));
+  return Status::Ok();
+}
+
+void IndexedTier::TakeFinishedJobs(std::vector<JobResult>* out) {
+  for (JobResult& r : ready_results_) out->push_back(std::move(r));
+  ready_results_.clear();
+  scratch_.clear();
+  transport_->TakeFinished(&scratch_);
+  for (JobResult& r : scratch_) {
+    auto it = jobs_.find(r.job_id);
+    if (it == jobs_.end()) {
+      KVO_LOG_WARN("tier '{}': transport finished unknown job {}", name(), r.job_id);
+      continue;
+    }
+    Job job = std::move(it->second);
+    jobs_.erase(it);
+    auto succeeded = [&](const OffloadKey& key) {
+      return r.success || (r.successful_keys.has_value() &&
+                           std::find(r.successful_keys->begin(), r.successful_keys->end(), key) !=
+                               r.successful_keys->end());
+    };
+    JobResult result;
+    result.job_id = r.job_id;
+    std::vector<OffloadKey> ok = std::move(job.ok_upfront);
+    std::vector<OffloadKey> stored;
+    std::vector<OffloadKey> lost;
+    bool all_ok = job.all_ok_so_far;
+    for (const OffloadKey& key : job.submitted) {
+      const bool good = succeeded(key);
+      if (job.is_store) {
+        if (good) {
+          index_.Commit(key);
+          stored.push_back(key);
+        } else {
+          index_.Erase(key);
+        }
+      } else {
+        index_.Unpin(key);
+        if (!good && std::find(r.lost_keys.begin(), r.lost_keys.end(), key) != r.lost_keys.end()) {
+          index_.Erase(key);  // corrupt or missing on the medium: never served again
+          lost.push_back(key);
+        }
+      }
+      if (good) {
+        ok.push_back(key);
+      } else {
+        all_ok = false;
+      }
+    }
+    Emit(std::move(stored), /*removed=*/false, nullptr);
+    Emit(std::move(lost), /*removed=*/true, kReasonFailed);
+    result.success = all_ok;
+    if (!all_ok) result.successful_keys = std::move(ok);
+    out->push_back(std::move(result));
+  }
+}
+
+void IndexedTier::TakeEvents(std::vector<OffloadingEvent>* out) {
+  for (OffloadingEvent& e : events_) out->push_back(std::move(e));
+  events_.clear();
+}
+
+void IndexedTier::Touch(std::span<const OffloadKey> keys, const RequestContext& /*ctx*/) {
+  index_.Touch(keys);
+}
+
+}  // namespace kvo

@@ -1,0 +1,284 @@
+// NodeTable: the storage shared by the built-in cache policies (LRU, ARC). Internal to manager/.
+//
+// One 52-byte node per key, in a slab addressed by uint32 index, plus a flat open-addressing
+// index from key to node, plus up to four intrusive doubly-linked lists threaded through the
+// nodes by index. No per-key heap allocation; a node's address never changes while its key is in
+// the table (the slab grows by whole segments, never by moving nodes), so `BlockStatus*` handed
+// out by Get stays valid until that key is erased.
+//
+// Node layout (52 bytes, 4-byte aligned):
+//   digest[32]  the key's digest, zero padded     group   the key's group
+//   status      BlockStatus {ref_cnt, slot}       w0/w1   prev, next (28 bits each), list id
+//                                                         (2 bits), digest length (6 bits)
+// Index: `uint32` slots, Robin Hood linear probing from home = fastrange(hash >> 32). A slot holds
+// the node index (low bits; 0 = empty, node 0 being a sentinel), its distance from home (6 bits)
+// and a tag of the hash's low bits (the rest), so that probing, Robin Hood displacement and
+// backward-shift deletion read no node except on a tag match. A distance of 63 or more is stored
+// as 63 and recomputed from the node when needed (only long runs of colliding hashes get there;
+// they stay correct, just slower). Sized for `expected_keys` at load <= 0.75; grows x2 past
+// 0.875.
+// Memory at the expected size: 52 + ~5.3 bytes per key. Arrays of 4 MiB or more are 2 MiB
+// aligned and advised MADV_HUGEPAGE (fewer TLB misses on the two random reads of a lookup).
+//
+// A one-entry memo remembers the last key found or added, so the manager's usual pairs (Get
+// then MarkEvictable, Insert then Get) hash and probe once.
+//
+// Lists: list L's sentinel is node L (L < num_lists); iteration runs Front(L) .. L, LRU -> MRU.
+// A node that is in no list has list id kNoList (a table with four lists cannot tell list 3 from
+// no list; such callers keep every node in a list).
+//
+// Invariants (CheckStructure): every list is a well-formed cycle through its sentinel whose nodes
+// carry its id and whose length is ListSize; every indexed node is live, its slot's tag and
+// distance match its hash, and Find reaches it; live + free + sentinels == slab high water; every
+// listed node is indexed.
+//
+// Thread-compatible (const methods write nothing); the policy's caller serialises every call.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "manager/cache_policy.h"
+#include "manager/offload_key.h"
+
+namespace kvo::policy_internal {
+
+inline constexpr uint32_t kIndexBits = 28;
+inline constexpr uint32_t kNil = (1u << kIndexBits) - 1;  // "no node"; node indices are < kNil
+inline constexpr uint32_t kIndexMask = kNil;
+inline constexpr uint32_t kNoList = 3;
+
+// A key's hash from its parts (so nodes and OffloadKeys hash alike without building a key).
+inline uint64_t HashKeyParts(const uint8_t* digest, size_t len, uint32_t group) {
+  uint64_t h = (uint64_t{group} << 8) ^ len ^ 0x9e3779b97f4a7c15ULL;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, digest + i, 8);
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+    h ^= h >> 32;
+  }
+  if (i < len) {
+    uint64_t w = 0;
+    std::memcpy(&w, digest + i, len - i);
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+  }
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ULL;
+  h ^= h >> 33;
+  return h;
+}
+
+inline uint64_t HashKey(const OffloadKey& key) {
+  std::string_view d = key.digest();
+  return HashKeyParts(reinterpret_cast<const uint8_t*>(d.data()), d.size(), key.group());
+}
+
+struct Node {
+  uint8_t digest[OffloadKey::kMaxHashBytes];
+  uint32_t group;
+  BlockStatus status;
+  uint32_t w0;  // bits 0-27 prev, 28-29 list id, 30-31 digest length bits 0-1
+  uint32_t w1;  // bits 0-27 next, 28-31 digest length bits 2-5
+
+  uint32_t prev() const { return w0 & kIndexMask; }
+  uint32_t next() const { return w1 & kIndexMask; }
+  uint32_t list() const { return (w0 >> kIndexBits) & 3u; }
+  size_t len() const { return (w0 >> 30) | ((w1 >> kIndexBits) << 2); }
+  void set_prev(uint32_t p) { w0 = (w0 & ~kIndexMask) | p; }
+  void set_next(uint32_t n) { w1 = (w1 & ~kIndexMask) | n; }
+  void set_list(uint32_t l) { w0 = (w0 & ~(3u << kIndexBits)) | (l << kIndexBits); }
+  void set_len(size_t len) {
+    uint32_t l = static_cast<uint32_t>(len);
+    w0 = (w0 & ~(3u << 30)) | ((l & 3u) << 30);
+    w1 = (w1 & kIndexMask) | ((l >> 2) << kIndexBits);
+  }
+  uint64_t Hash() const { return HashKeyParts(digest, len(), group); }
+  bool Equals(const OffloadKey& key) const {
+    const std::string_view d = key.digest();
+    const size_t n = d.size();
+    if (n != len() || group != key.group()) return false;
+    // Fixed sizes compile to inline compares (sha256 digests, wire hashes).
+    if (n == 32) return std::memcmp(digest, d.data(), 32) == 0;
+    if (n == 8) return std::memcmp(digest, d.data(), 8) == 0;
+    return std::memcmp(digest, d.data(), n) == 0;
+  }
+  OffloadKey Key() const {
+    return OffloadKey::FromDigest(std::string_view(reinterpret_cast<const char*>(digest), len()),
+                                  group);
+  }
+};
+static_assert(sizeof(Node) == 52, "a node is 52 bytes");
+
+class NodeTable {
+ public:
+  // `num_lists` in [1, 4]; room for `expected_keys` keys without growing.
+  NodeTable(uint32_t num_lists, size_t expected_keys);
+  ~NodeTable();
+  NodeTable(const NodeTable&) = delete;
+  NodeTable& operator=(const NodeTable&) = delete;
+
+  // The key's node, or kNil. On a miss, `*hash` (when given) receives the key's hash for Add.
+  // Updates the memo, so it is not const; FindConst is the read-only form.
+  uint32_t Find(const OffloadKey& key, uint64_t* hash = nullptr) {
+    if (memo_ != kNil && at(memo_).Equals(key)) return memo_;
+    const uint64_t h = HashKey(key);
+    const uint32_t i = FindHashed(key, h);
+    if (i != kNil) {
+      memo_ = i;
+    } else if (hash != nullptr) {
+      *hash = h;
+    }
+    return i;
+  }
+  uint32_t FindConst(const OffloadKey& key) const { return FindHashed(key, HashKey(key)); }
+  // Adds an absent key whose hash is `hash` (REQUIRES: Find(key) == kNil); the node is in no
+  // list, status default.
+  uint32_t Add(const OffloadKey& key, uint64_t hash);
+  // Drops a node that is in no list (REQUIRES: unlinked) from the index and frees it.
+  void Erase(uint32_t i) { Erase(i, at(i).Hash()); }
+  // The same, given the node's hash.
+  void Erase(uint32_t i, uint64_t hash);
+  // Starts loading the index slots a key with this hash probes first (batch erases overlap
+  // their cache misses this way).
+  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[Home(hash)]); }
+  // Forgets every key; keeps the memory.
+  void Clear();
+  size_t size() const { return count_; }
+
+  Node& at(uint32_t i) {
+    if (i < seg0_size_) [[likely]]
+      return seg0_[i];
+    return OverflowAt(i);
+  }
+  const Node& at(uint32_t i) const { return const_cast<NodeTable*>(this)->at(i); }
+
+  uint32_t ListOf(uint32_t i) const { return at(i).list(); }
+  uint32_t ListSize(uint32_t list) const { return list_size_[list]; }
+  // First node (LRU end) of `list`; equals `list` (its sentinel) when empty.
+  uint32_t Front(uint32_t list) const { return at(list).next(); }
+  uint32_t Next(uint32_t i) const { return at(i).next(); }
+  void PushBack(uint32_t list, uint32_t i);
+  void Unlink(uint32_t i);
+  void MoveToBack(uint32_t list, uint32_t i) {
+    Unlink(i);
+    PushBack(list, i);
+  }
+
+  // Calls fn(node index) for every indexed key, in table order.
+  template <class Fn>
+  void ForEach(Fn fn) const {
+    for (uint32_t s = 0; s < num_slots_; ++s) {
+      uint32_t i = slots_[s] & idx_mask_;
+      if (i != 0) fn(i);
+    }
+  }
+
+  // Internal when the slab, index or lists are inconsistent (see the header comment).
+  Status CheckStructure() const;
+
+ private:
+  static constexpr uint32_t kChunkShift = 12;
+  static constexpr uint32_t kChunkSize = 1u << kChunkShift;
+
+  static constexpr uint32_t kDistBits = 6;
+  static constexpr uint32_t kMaxDist = (1u << kDistBits) - 1;
+
+  uint32_t FindHashed(const OffloadKey& key, uint64_t h) const {
+    uint32_t pos = Home(h);
+    const uint32_t tag = static_cast<uint32_t>(h) & tag_mask_;
+    for (uint32_t d = 0;; ++d) {
+      const uint32_t s = slots_[pos];
+      const uint32_t i = s & idx_mask_;
+      // Empty, or a key nearer its home than we are to ours (Robin Hood): absent. A saturated
+      // distance means "kMaxDist or more" and never ends the probe.
+      if (i == 0 || (Dist(s) < d && Dist(s) < kMaxDist)) return kNil;
+      if ((s & tag_mask_) == tag && at(i).Equals(key)) return i;
+      if (++pos == num_slots_) pos = 0;
+    }
+  }
+  // The slot's stored distance from home, saturated at kMaxDist.
+  uint32_t Dist(uint32_t s) const { return (s >> dist_shift_) & kMaxDist; }
+  // The true distance of the entry in slot `pos` (reads the node only when saturated).
+  uint32_t TrueDist(uint32_t s, uint32_t pos) const {
+    const uint32_t d = Dist(s);
+    if (d < kMaxDist) [[likely]]
+      return d;
+    const uint32_t home = Home(at(s & idx_mask_).Hash());
+    return pos >= home ? pos - home : pos + num_slots_ - home;
+  }
+  uint32_t WithDist(uint32_t s, uint32_t d) const {
+    return (s & ~(kMaxDist << dist_shift_)) | (std::min(d, kMaxDist) << dist_shift_);
+  }
+  uint32_t Home(uint64_t h) const {
+    return static_cast<uint32_t>(((h >> 32) * uint64_t{num_slots_}) >> 32);
+  }
+  Node& OverflowAt(uint32_t i);
+  uint32_t AllocNode();
+  void InitSentinels();
+  // Resizes the index to `num_slots` slots (re-deriving masks) and reinserts every key.
+  void Rehash(uint32_t num_slots);
+  // Robin Hood insertion of node i, whose hash is h.
+  void Place(uint32_t i, uint64_t h);
+
+  const uint32_t num_lists_;
+  // Slab: nodes [0, seg0_size_) in seg0_, then kChunkSize-node chunks.
+  Node* seg0_ = nullptr;
+  uint32_t seg0_size_ = 0;
+  std::vector<Node*> chunks_;
+  uint32_t high_water_ = 0;  // nodes [0, high_water_) have been constructed
+  uint32_t free_head_ = kNil;
+  uint32_t num_free_ = 0;
+  uint32_t list_size_[4] = {0, 0, 0, 0};
+
+  // Index.
+  struct FreeSlots {
+    void operator()(uint32_t* p) const { std::free(p); }
+  };
+  using SlotArray = std::unique_ptr<uint32_t[], FreeSlots>;
+  SlotArray slots_;
+  uint32_t num_slots_ = 0;
+  uint32_t idx_mask_ = 0;
+  uint32_t dist_shift_ = 0;
+  uint32_t tag_mask_ = 0;
+  size_t count_ = 0;
+  size_t grow_at_ = 0;    // grow before the count exceeds this
+  uint32_t memo_ = kNil;  // the last node found or added (a live node) or kNil
+};
+
+// The protected keys of one Evict call: Contains(node) is a hash probe, no allocation once warm.
+class ProtectedSet {
+ public:
+  void Reset(std::span<const OffloadKey> keys);
+  bool empty() const { return keys_.empty(); }
+  bool Contains(const Node& node) const {
+    if (keys_.empty()) return false;
+    if (slots_.empty()) {
+      for (const OffloadKey& k : keys_)
+        if (node.Equals(k)) return true;
+      return false;
+    }
+    const uint64_t h = node.Hash();
+    for (size_t pos = h & mask_;; pos = (pos + 1) & mask_) {
+      const uint32_t s = slots_[pos];
+      if (s == 0) return false;
+      if (hashes_[s - 1] == h && node.Equals(keys_[s - 1])) return true;
+    }
+  }
+
+ private:
+  static constexpr size_t kLinearMax = 8;
+  std::span<const OffloadKey> keys_;
+  std::vector<uint64_t> hashes_;
+  std::vector<uint32_t> slots_;  // position + 1; 0 = empty
+  size_t mask_ = 0;
+};
+
+}  // namespace kvo::policy_internal

@@ -1,0 +1,197 @@
+// OffloadManager's tiering (vllm-compat.md B.11, TieringOffloadingManager): lookup falling through
+// to the secondary tiers, promotion of secondary hits into the CPU tier, cascade of completed CPU
+// stores to every secondary tier, job completion, and the finalisation of requests.
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+#include "manager/offload_manager_impl.h"
+
+namespace kvo {
+
+bool OffloadManager::Impl::TierAllowed(const SecondaryTier& tier, const RequestContext& ctx) const {
+  if (!ctx.load_tier_filter.has_value()) return true;
+  for (const TierMatcher& m : *ctx.load_tier_filter) {
+    if (m.medium.has_value() && *m.medium != tier.medium()) continue;
+    if (m.locality.has_value() &&
+        (!tier.locality().has_value() || *m.locality != *tier.locality())) {
+      continue;
+    }
+    return true;
+  }
+  return false;
+}
+
+LookupResult OffloadManager::Impl::TieredLookup(const OffloadKey& key, const RequestContext& ctx) {
+  MaybeProcessFinishedJobs();
+  const LookupResult primary = cpu.Lookup(key);
+  if (primary == LookupResult::kHit || primary == LookupResult::kHitPending) return primary;
+
+  bool retry = false;
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    SecondaryTier& tier = *tiers[i];
+    if (!TierAllowed(tier, ctx)) continue;
+    const LookupResult r = tier.Lookup(key, ctx);
+    if (r == LookupResult::kRetry) retry = true;
+    if (r != LookupResult::kHit) continue;
+    // Promotion: a CPU slot in the writing state now, so later lookups of the key (this step,
+    // any request) see HIT_PENDING instead of promoting it twice; the load job is sent at the
+    // end of the step, one per (tier, request).
+    PrepareStoreOutput out;
+    if (!cpu.PrepareStore({&key, 1}, &out) || out.keys_to_store.empty()) {
+      ++promotion_allocation_failures;
+      return LookupResult::kMiss;
+    }
+    std::vector<PendingPromotion>& pending = pending_promotions[i];
+    auto it = std::find_if(pending.begin(), pending.end(),
+                           [&](const PendingPromotion& p) { return p.req_id == ctx.req_id; });
+    if (it == pending.end()) {
+      pending.push_back(PendingPromotion{ctx.req_id, {}, {}});
+      it = std::prev(pending.end());
+    }
+    it->keys.push_back(key);
+    it->slots.push_back(out.slots.front());
+    return LookupResult::kHitPending;
+  }
+  return retry ? LookupResult::kRetry : LookupResult::kMiss;
+}
+
+void OffloadManager::Impl::MaybeProcessFinishedJobs() {
+  if (processed_jobs_this_step) return;
+  processed_jobs_this_step = true;
+  ProcessFinishedJobs();
+}
+
+void OffloadManager::Impl::ProcessFinishedJobs() {
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    finished.clear();
+    tiers[i]->TakeFinishedJobs(&finished);
+    for (JobResult& r : finished) {
+      auto it = jobs.find(r.job_id);
+      if (it == jobs.end() || it->second.tier != i) {
+        ++unknown_job_results;
+        KVO_LOG_WARN("offload manager: tier {} ({}) finished unknown job {}", i, tiers[i]->name(),
+                     r.job_id);
+        continue;
+      }
+      Job job = std::move(it->second);
+      jobs.erase(it);
+      if (!job.is_promotion) {
+        // Cascade done: release the pins taken when it was submitted.
+        if (!r.success) ++cascade_job_failures;
+        Status s = cpu.CompleteLoad(job.keys);
+        if (!s.ok()) KVO_LOG_ERROR("offload manager: cascade unpin: {}", s.ToString());
+        continue;
+      }
+      // Promotion landed: the keys that made it become ready CPU blocks (one stored event);
+      // the others give their slots back.
+      if (!r.success) ++promotion_job_failures;
+      std::vector<OffloadKey> ok_keys;
+      std::vector<OffloadKey> failed_keys;
+      if (r.success) {
+        ok_keys = std::move(job.keys);
+      } else {
+        for (const OffloadKey& key : job.keys) {
+          const bool ok = r.successful_keys.has_value() &&
+                          std::find(r.successful_keys->begin(), r.successful_keys->end(), key) !=
+                              r.successful_keys->end();
+          (ok ? ok_keys : failed_keys).push_back(key);
+        }
+      }
+      changed.clear();
+      Status s = cpu.CompleteStore(ok_keys, true, &changed);
+      if (s.ok()) s = cpu.CompleteStore(failed_keys, false, &changed);
+      if (!s.ok()) KVO_LOG_ERROR("offload manager: promotion completion: {}", s.ToString());
+      if (translator.self_describing()) {
+        for (const OffloadKey& key : failed_keys) translator.ForgetUnannounced(key);
+      }
+    }
+  }
+}
+
+void OffloadManager::Impl::FlushPromotions() {
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    for (PendingPromotion& p : pending_promotions[i]) {
+      TransferJob job;
+      job.job_id = next_job_id++;
+      job.keys = p.keys;
+      job.slots = std::move(p.slots);
+      job.is_promotion = true;
+      job.req_id = p.req_id;
+      jobs.emplace(job.job_id, Job{i, true, std::move(p.keys), std::move(p.req_id)});
+      Status s = tiers[i]->SubmitLoad(job);
+      if (!s.ok()) {
+        KVO_LOG_WARN("offload manager: tier {} ({}) refused a promotion: {}", i, tiers[i]->name(),
+                     s.ToString());
+        ++promotion_job_failures;
+        Job failed = std::move(jobs[job.job_id]);
+        jobs.erase(job.job_id);
+        changed.clear();
+        cpu.CompleteStore(failed.keys, false, &changed).IgnoreError();
+      }
+    }
+    pending_promotions[i].clear();
+  }
+}
+
+void OffloadManager::Impl::Cascade(std::span<const OffloadKey> keys, const std::string& req_id,
+                                   uint64_t tier_mask) {
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    if ((tier_mask & (uint64_t{1} << i)) == 0) continue;
+    TransferJob job;
+    job.job_id = next_job_id++;
+    job.keys.assign(keys.begin(), keys.end());
+    // prepare_read: one pin per tier while it reads the CPU rows.
+    Status s = cpu.PrepareLoad(keys, &job.slots);
+    if (!s.ok()) {
+      KVO_LOG_ERROR("offload manager: cascade pin: {}", s.ToString());
+      ++cascade_job_failures;
+      continue;
+    }
+    job.req_id = req_id;
+    jobs.emplace(job.job_id, Job{i, false, job.keys, req_id});
+    s = tiers[i]->SubmitStore(job);
+    if (!s.ok()) {
+      KVO_LOG_WARN("offload manager: tier {} ({}) refused a cascade: {}", i, tiers[i]->name(),
+                   s.ToString());
+      ++cascade_job_failures;
+      jobs.erase(job.job_id);
+      cpu.CompleteLoad(keys).IgnoreError();
+    }
+  }
+}
+
+void OffloadManager::Impl::MaybeFinishRequest(const std::string& req_id) {
+  auto it = requests.find(req_id);
+  if (it == requests.end() || it->second.pending_primary_stores != 0 || !it->second.finished) {
+    return;
+  }
+  // Secondary tiers hear of the end only after the request's last CPU store has completed (its
+  // cascade is submitted by then).
+  const RequestContext ctx = std::move(it->second.finished_ctx);
+  requests.erase(it);
+  for (const auto& tier : tiers) tier->OnRequestFinished(ctx);
+}
+
+void OffloadManager::Impl::ResetTiering() {
+  for (const auto& tier : tiers) tier->DrainJobs();
+  ProcessFinishedJobs();  // consume the completions: no tier I/O touches CPU slots any more
+  for (auto& pending : pending_promotions) pending.clear();  // never submitted
+  if (!jobs.empty()) {
+    KVO_LOG_WARN("offload manager: {} tier jobs unfinished after draining; forgotten", jobs.size());
+    jobs.clear();
+  }
+  for (auto it = requests.begin(); it != requests.end();) {
+    if (it->second.finished) {
+      const RequestContext ctx = std::move(it->second.finished_ctx);
+      it = requests.erase(it);
+      for (const auto& tier : tiers) tier->OnRequestFinished(ctx);
+    } else {
+      it->second.pending_primary_stores = 0;  // abandoned by the reset; the request goes on
+      ++it;
+    }
+  }
+  processed_jobs_this_step = false;
+}
+
+}  // namespace kvo
