@@ -72,6 +72,7 @@ nlohmann::json PointJson(const PlanPoint& p, uint64_t block_tokens) {
   return {{"policy", p.policy},
           {"capacity_tokens", p.capacity_tokens},
           {"capacity_blocks", p.capacity_blocks},
+          {"effective_capacity_tokens", p.capacity_blocks * block_tokens},
           {"block_tokens", block_tokens},
           {"hit_rate", std::round(p.hit_rate() * 1e6) / 1e6},
           {"hit_tokens", p.hit_tokens},
@@ -110,6 +111,7 @@ Status RunPlan(const PlanArgs& args) {
       KVO_ASSIGN_OR_RETURN(PlanPoint p,
                            SimulateCapacity(*trace, policy, blocks, args.block_tokens,
                                             [&](size_t d, size_t t) { bar.Update(label, d, t); }));
+      p.capacity_tokens = cap_tokens;  // as asked; the manager holds capacity_blocks whole blocks
       points.push_back(p);
     }
   }
