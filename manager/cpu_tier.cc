@@ -40,21 +40,11 @@ CpuTier::CpuTier(size_t num_blocks, std::unique_ptr<CachePolicy> policy, int64_t
   if (store_threshold_ >= 2) tracker_ = std::make_unique<LookupTracker>(max_tracker_size);
 }
 
-LookupResult CpuTier::Lookup(const OffloadKey& key) {
-  if (tracker_ != nullptr) tracker_->Count(key);
-  ++lookups_;
-  const BlockStatus* block = policy_->Get(key);
-  if (block == nullptr) {
-    ++misses_;
-    return LookupResult::kMiss;
-  }
-  ++hits_;
-  return block->ready() ? LookupResult::kHit : LookupResult::kHitPending;
-}
-
 Status CpuTier::PrepareLoad(std::span<const OffloadKey> keys, std::vector<int32_t>* slots) {
+  blocks_.clear();
   for (const OffloadKey& key : keys) {  // validate first: nothing changes on error
-    const BlockStatus* block = policy_->Get(key);
+    BlockStatus* block = policy_->Get(key);
+    blocks_.push_back(block);
     if (block == nullptr) {
       return Status::FailedPrecondition("prepare_load: block " + key.Hex() + " (group " +
                                         std::to_string(key.group()) + ") is not in the CPU tier");
@@ -65,10 +55,11 @@ Status CpuTier::PrepareLoad(std::span<const OffloadKey> keys, std::vector<int32_
                                         ") is not ready for reading (store in flight)");
     }
   }
-  for (const OffloadKey& key : keys) {
-    BlockStatus* block = policy_->Get(key);
+  // Pointers stay valid: nothing is removed in between.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    BlockStatus* block = blocks_[i];
     if (block->ref_cnt == 0) {
-      policy_->MarkNonEvictable(key);
+      policy_->MarkNonEvictable(keys[i]);
       --num_evictable_;
     }
     ++block->ref_cnt;
@@ -205,8 +196,11 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
 
 Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
                               std::vector<OffloadKey>* changed) {
+  blocks_.clear();
   for (const OffloadKey& key : keys) {  // validate first: nothing changes on error
-    if (policy_->Get(key) == nullptr) {
+    BlockStatus* block = policy_->Get(key);
+    blocks_.push_back(block);
+    if (block == nullptr) {
       return Status::FailedPrecondition("complete_store: block " + key.Hex() + " (group " +
                                         std::to_string(key.group()) +
                                         ") is not in the CPU tier (never prepared, or reset)");
@@ -214,14 +208,14 @@ Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
   }
   const size_t first = changed->size();
   if (success) {
-    for (const OffloadKey& key : keys) {
-      BlockStatus* block = policy_->Get(key);
-      if (block->ready()) continue;  // already stored: no duplicate event
+    for (size_t i = 0; i < keys.size(); ++i) {
+      BlockStatus* block = blocks_[i];  // valid: nothing is removed on this path
+      if (block->ready()) continue;     // already stored (or repeated): no duplicate event
       block->ref_cnt = 0;
       --num_pending_writes_;
       ++num_evictable_;
-      policy_->MarkEvictable(key);
-      changed->push_back(key);
+      policy_->MarkEvictable(keys[i]);
+      changed->push_back(keys[i]);
     }
     if (enable_events_ && changed->size() > first) {
       OffloadingEvent& e = events_.emplace_back();
@@ -289,7 +283,7 @@ void CpuTier::FillStats(ManagerStats* stats) const {
   std::copy(std::begin(allocation_buckets_), std::end(allocation_buckets_),
             std::begin(stats->allocation_buckets));
   stats->stores_skipped = stores_skipped_;
-  stats->lookups = lookups_;
+  stats->lookups = hits_ + misses_;
   stats->hits = hits_;
   stats->misses = misses_;
   stats->evictions = evictions_;

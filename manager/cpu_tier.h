@@ -49,7 +49,17 @@ class CpuTier {
   CpuTier(size_t num_blocks, std::unique_ptr<CachePolicy> policy, int64_t store_threshold,
           size_t max_tracker_size, bool enable_events, bool track_slots);
 
-  LookupResult Lookup(const OffloadKey& key);
+  // Inline: the hot path.
+  LookupResult Lookup(const OffloadKey& key) {
+    if (tracker_ != nullptr) tracker_->Count(key);
+    const BlockStatus* block = policy_->Get(key);
+    if (block == nullptr) {
+      ++misses_;
+      return LookupResult::kMiss;
+    }
+    ++hits_;
+    return block->ready() ? LookupResult::kHit : LookupResult::kHitPending;
+  }
   // Appends each key's slot to *slots (key order) and pins them. Nothing changes on error.
   Status PrepareLoad(std::span<const OffloadKey> keys, std::vector<int32_t>* slots);
   void Touch(std::span<const OffloadKey> keys) { policy_->Touch(keys); }
@@ -102,6 +112,7 @@ class CpuTier {
 
   // Scratch, reused across calls.
   std::vector<OffloadKey> filtered_;
+  std::vector<BlockStatus*> blocks_;
   std::unordered_set<OffloadKey, OffloadKeyHash> dedup_;
 
   // Counters (cumulative).
@@ -109,7 +120,6 @@ class CpuTier {
   uint64_t allocation_sum_ = 0;
   uint64_t allocation_buckets_[ManagerStats::kAllocationBuckets] = {};
   uint64_t stores_skipped_ = 0;
-  uint64_t lookups_ = 0;
   uint64_t hits_ = 0;
   uint64_t misses_ = 0;
   uint64_t evictions_ = 0;

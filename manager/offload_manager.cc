@@ -190,6 +190,7 @@ void OffloadManager::ResetCache() {
   Impl& m = *impl_;
   if (!m.tiers.empty()) m.ResetTiering();  // drains tier I/O touching CPU slots first
   m.cpu.Reset();
+  if (!m.options.enable_events) return;  // the tiers keep their own queues
   // The tiers' queued events happened before the clear: keep them before it.
   for (size_t i = 0; i < m.tiers.size(); ++i) {
     m.taken.clear();

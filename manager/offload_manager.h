@@ -164,7 +164,7 @@ struct ManagerOptions {
   CachePolicyFactory policy_factory;
   int64_t store_threshold = 0;  // < 2: no filter (vLLM); rejected together with secondary tiers
   size_t max_tracker_size = 64000;
-  bool enable_events = true;            // collect OffloadingEvents (vLLM's enable_events)
+  bool enable_events = true;  // CPU tier + reset events (vLLM's enable_events); tiers: their own
   bool self_describing_events = false;  // B.9 self-describing form (needs RecordChunkMetadata)
   std::vector<std::shared_ptr<SecondaryTier>> secondary_tiers;  // in lookup order
   // Keep the key of every CPU slot (40 bytes per slot) so Snapshot() and CheckInvariants() can

@@ -270,9 +270,12 @@ TEST_P(RecoveryTest, JournalFoldAndConsumerEqualTheLiveStateAcrossARestart) {
       }
     }
     // Settle, then hold at least one CPU block when the crash comes.
-    for (auto& t : transports_) t->FinishAll();
+    for (const auto& [ctx, keys] : writing_) ASSERT_TRUE(m->CompleteStore(keys, ctx).ok());
     for (const auto& keys : loading_) ASSERT_TRUE(m->CompleteLoad(keys, RequestContext{}).ok());
+    writing_.clear();
     loading_.clear();
+    m->OnScheduleEnd();  // sends the step's promotions
+    for (auto& t : transports_) t->FinishAll();
     m->OnScheduleEnd();
     m->OnScheduleEnd();
     const std::vector<OffloadKey> last{K(100 + run)};
