@@ -23,167 +23,23 @@
 #include "events/codec.h"
 #include "events/event_json.h"
 #include "events/journal.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
-
-extern char** environ;
 
 namespace kvo {
 namespace {
 
 using Json = nlohmann::json;
-using SteadyClock = std::chrono::steady_clock;
+using testing::SteadyClock;
 
 constexpr auto kGuard = std::chrono::seconds(60);  // failure guard for one process step
 constexpr char kPython[] = "/usr/bin/python3";     // Debian's, with python3-msgpack/python3-zmq
 
-// A child process with its stdout and stderr on pipes. Killed (SIGKILL) if still running when
-// destroyed, so a failed assertion never leaves a publisher behind.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& argv) {
-    int out[2];
-    int err[2];
-    if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      ADD_FAILURE() << "pipe: " << std::strerror(errno);
-      return;
-    }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    posix_spawn_file_actions_addclose(&actions, err[0]);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    ::close(err[1]);
-    out_fd_ = out[0];
-    err_fd_ = err[0];
-    if (rc != 0) {
-      ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(rc);
-      pid_ = -1;
-    }
-  }
-  ~Child() {
-    if (pid_ > 0 && !status_) {
-      ::kill(pid_, SIGKILL);
-      int st;
-      ::waitpid(pid_, &st, 0);
-    }
-    if (out_fd_ >= 0) ::close(out_fd_);
-    if (err_fd_ >= 0) ::close(err_fd_);
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
+using testing::ChildProcess;
+using testing::RunCommand;
+using RunResult = testing::CommandResult;
 
-  bool started() const { return pid_ > 0; }
-  void Signal(int sig) {
-    if (pid_ > 0 && !status_) ::kill(pid_, sig);
-  }
-
-  // The next complete stdout line, or nullopt at EOF or when `deadline` passes (failure guard).
-  std::optional<std::string> ReadStdoutLine(SteadyClock::time_point deadline) {
-    while (true) {
-      size_t nl = out_.find('\n', out_pos_);
-      if (nl != std::string::npos) {
-        std::string line = out_.substr(out_pos_, nl - out_pos_);
-        out_pos_ = nl + 1;
-        return line;
-      }
-      if (!Pump(deadline, /*want_stdout=*/true)) return std::nullopt;
-    }
-  }
-
-  // Reads both pipes to EOF and reaps the child. Returns the exit code, -1 when it was killed by
-  // a signal or the deadline passed (then the child is SIGKILLed).
-  int Wait(SteadyClock::time_point deadline) {
-    while (out_fd_ >= 0 || err_fd_ >= 0) {
-      if (!Pump(deadline, false)) break;
-    }
-    if (out_fd_ >= 0 || err_fd_ >= 0) {
-      ADD_FAILURE() << "child " << pid_
-                    << " still running at the deadline; killing it\nstderr: " << err_;
-      ::kill(pid_, SIGKILL);
-    }
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    status_ = st;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-
-  std::string out() const { return out_.substr(out_pos_); }
-  const std::string& err() const { return err_; }
-
- private:
-  // Waits for data on the open pipes and appends it. False at the deadline, or when EOF on
-  // stdout was reached while a stdout line was wanted.
-  bool Pump(SteadyClock::time_point deadline, bool want_stdout) {
-    pollfd fds[2];
-    int n = 0;
-    if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
-    if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
-    if (n == 0 || (want_stdout && out_fd_ < 0)) return false;
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
-    if (left.count() <= 0) return false;
-    int r = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) return true;
-    if (r <= 0) return false;
-    for (int i = 0; i < n; ++i) {
-      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      char buf[65536];
-      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      bool is_out = fds[i].fd == out_fd_;
-      if (got > 0) {
-        (is_out ? out_ : err_).append(buf, static_cast<size_t>(got));
-      } else {
-        ::close(fds[i].fd);
-        (is_out ? out_fd_ : err_fd_) = -1;
-      }
-    }
-    return true;
-  }
-
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  std::string out_;
-  size_t out_pos_ = 0;
-  std::string err_;
-  std::optional<int> status_;
-};
-
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-RunResult RunCommand(const std::vector<std::string>& argv) {
-  Child child(argv);
-  RunResult r;
-  if (!child.started()) return r;
-  r.code = child.Wait(SteadyClock::now() + kGuard);
-  r.out = child.out();
-  r.err = child.err();
-  return r;
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    lines.push_back(text.substr(pos, nl - pos));
-    pos = nl + 1;
-  }
-  return lines;
-}
+std::vector<std::string> Lines(const std::string& text) { return testing::SplitLines(text); }
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
@@ -284,8 +140,8 @@ TEST_F(EventsCommandTest, PublishTailAndJournalAgree) {
   std::string config_path = Path("config.json");
   WriteFile(config_path, Config(/*with_journal=*/true));
 
-  Child publisher({KVO_BINARY, "events", "publish", "--kv-events-config", "@" + config_path,
-                   "--input", input, "--linger-ms", "120000"});
+  ChildProcess publisher({KVO_BINARY, "events", "publish", "--kv-events-config", "@" + config_path,
+                          "--input", input, "--linger-ms", "120000"});
   ASSERT_TRUE(publisher.started());
   // The status line comes after Flush(): every batch is journaled, sent and held for replay.
   std::optional<std::string> status = publisher.ReadStdoutLine(SteadyClock::now() + kGuard);
@@ -368,8 +224,8 @@ TEST_F(EventsCommandTest, PythonConsumerDecodesKvoBus) {
   RunResult probe = RunCommand({kPython, "-c", "import zmq, msgpack"});
   if (probe.code != 0) GTEST_SKIP() << "python3-zmq / python3-msgpack missing: " << probe.err;
 
-  Child publisher({KVO_BINARY, "events", "publish", "--kv-events-config", Config(false), "--input",
-                   WriteInput(kInput), "--linger-ms", "120000"});
+  ChildProcess publisher({KVO_BINARY, "events", "publish", "--kv-events-config", Config(false),
+                          "--input", WriteInput(kInput), "--linger-ms", "120000"});
   ASSERT_TRUE(publisher.started());
   std::optional<std::string> status = publisher.ReadStdoutLine(SteadyClock::now() + kGuard);
   ASSERT_TRUE(status.has_value()) << "publisher printed no status line; stderr:\n"

@@ -1,15 +1,13 @@
 // `kvo hash` contract: the A.7 vectors in text and JSON form, extra keys, and exit code 2 with a
 // message naming the bad value. Runs the real binary.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "events/block_hash.h"
+#include "tests/testing/child_process.h"
 
 namespace kvo {
 namespace {
@@ -19,44 +17,15 @@ struct RunResult {
   std::string output;
 };
 
-std::string Quote(const std::string& arg) {
-  std::string out = "'";
-  for (char c : arg) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// Runs `kvo hash <args>`; stdout only, or stdout and stderr together when `merge_stderr`.
+// Runs `kvo hash <args>`; stdout only, or stdout then stderr when `merge_stderr`.
 RunResult RunKvo(const std::vector<std::string>& args, bool merge_stderr) {
-  std::string cmd = Quote(KVO_BINARY) + " hash";
-  for (const std::string& a : args) cmd += " " + Quote(a);
-  cmd += merge_stderr ? " 2>&1" : "";
-  RunResult r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  std::vector<std::string> argv = {KVO_BINARY, "hash"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const testing::CommandResult c = testing::RunCommand(argv);
+  return {c.code, merge_stderr ? c.out + c.err : c.out};
 }
 
-std::vector<std::string> Lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(line);
-  return out;
-}
+std::vector<std::string> Lines(const std::string& s) { return testing::SplitLines(s); }
 
 TEST(HashCommandTest, Sha256VectorsAsText) {
   const RunResult r = RunKvo(

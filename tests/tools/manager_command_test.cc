@@ -2,14 +2,12 @@
 // exact slot ids, evicted keys and events; out-of-contract calls answer {"error"} and the script
 // goes on; a bad line names its line number and makes the exit status 2. Runs the real binary.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -20,47 +18,19 @@ struct RunResult {
   std::string output;
 };
 
-std::string Quote(const std::string& arg) {
-  std::string out = "'";
-  for (char c : arg) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
 // Runs `kvo manager ops <args> --ops <script>`; stdout only.
 RunResult RunOps(const std::vector<std::string>& args, const std::string& script) {
   kvo::testing::TempDir dir;
   const std::string path = dir.path() + "/ops.jsonl";
   std::ofstream(path) << script;
-  std::string cmd = Quote(KVO_BINARY) + " manager ops";
-  for (const std::string& a : args) cmd += " " + Quote(a);
-  cmd += " --ops " + Quote(path) + " 2>/dev/null";
-  RunResult r;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  std::vector<std::string> argv = {KVO_BINARY, "manager", "ops"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--ops", path});
+  const testing::CommandResult c = testing::RunCommand(argv);
+  return {c.code, c.out};
 }
 
-std::vector<std::string> Lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(line);
-  return out;
-}
+std::vector<std::string> Lines(const std::string& s) { return testing::SplitLines(s); }
 
 // vLLM's to_key(i) = make_offload_key(str(i).encode(), 0): the digest is the decimal's ASCII.
 std::string H(int i) {

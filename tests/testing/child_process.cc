@@ -1,0 +1,141 @@
+#include "tests/testing/child_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+
+extern char** environ;
+
+namespace kvo::testing {
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
+  int out[2];
+  int err[2];
+  if (::pipe(out) != 0 || ::pipe(err) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  posix_spawn_file_actions_addclose(&actions, err[0]);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  ::close(err[1]);
+  out_fd_ = out[0];
+  err_fd_ = err[0];
+  if (rc != 0) {
+    ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(rc);
+    pid_ = -1;
+  }
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0 && !status_) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+  if (out_fd_ >= 0) ::close(out_fd_);
+  if (err_fd_ >= 0) ::close(err_fd_);
+}
+
+void ChildProcess::Signal(int sig) {
+  if (pid_ > 0 && !status_) ::kill(pid_, sig);
+}
+
+std::optional<std::string> ChildProcess::ReadStdoutLine(SteadyClock::time_point deadline) {
+  while (true) {
+    const size_t nl = out_.find('\n', out_pos_);
+    if (nl != std::string::npos) {
+      std::string line = out_.substr(out_pos_, nl - out_pos_);
+      out_pos_ = nl + 1;
+      return line;
+    }
+    if (!Pump(deadline, /*want_stdout=*/true)) return std::nullopt;
+  }
+}
+
+int ChildProcess::Wait(SteadyClock::time_point deadline) {
+  if (pid_ <= 0) return -1;
+  while (out_fd_ >= 0 || err_fd_ >= 0) {
+    if (!Pump(deadline, false)) break;
+  }
+  if (out_fd_ >= 0 || err_fd_ >= 0) {
+    ADD_FAILURE() << "child " << pid_
+                  << " still running at the deadline; killing it\nstderr: " << err_;
+    ::kill(pid_, SIGKILL);
+  }
+  int st = 0;
+  ::waitpid(pid_, &st, 0);
+  status_ = st;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Waits for data on the open pipes and appends it. False at the deadline, or when stdout reached
+// EOF while a stdout line was wanted.
+bool ChildProcess::Pump(SteadyClock::time_point deadline, bool want_stdout) {
+  pollfd fds[2];
+  int n = 0;
+  if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
+  if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
+  if (n == 0 || (want_stdout && out_fd_ < 0)) return false;
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  if (left.count() <= 0) return false;
+  const int r = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(left.count()));
+  if (r < 0 && errno == EINTR) return true;
+  if (r <= 0) return false;
+  for (int i = 0; i < n; ++i) {
+    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    char buf[65536];
+    const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+    const bool is_out = fds[i].fd == out_fd_;
+    if (got > 0) {
+      (is_out ? out_ : err_).append(buf, static_cast<size_t>(got));
+    } else {
+      ::close(fds[i].fd);
+      (is_out ? out_fd_ : err_fd_) = -1;
+    }
+  }
+  return true;
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv, std::chrono::seconds timeout) {
+  ChildProcess child(argv);
+  CommandResult r;
+  if (!child.started()) return r;
+  r.code = child.Wait(SteadyClock::now() + timeout);
+  r.out = child.out();
+  r.err = child.err();
+  return r;
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    lines.push_back(text.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  return lines;
+}
+
+}  // namespace kvo::testing

@@ -1,0 +1,66 @@
+// ChildProcess: run a program (usually the real `kvo` binary) with stdout and stderr on pipes,
+// read its output line by line with a deadline, signal it, and reap it. Tests synchronise on what
+// the child prints or on its exit; deadlines exist only to turn a hang into a failure.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvo::testing {
+
+using SteadyClock = std::chrono::steady_clock;
+
+class ChildProcess {
+ public:
+  // Starts argv[0] (a path) with argv; stdin is /dev/null. A failure to start is a test failure.
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  // SIGKILLs and reaps the child if it is still running, so a failed assertion leaves nothing.
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  void Signal(int sig);
+
+  // The next complete stdout line, or nullopt at EOF or when `deadline` passes.
+  std::optional<std::string> ReadStdoutLine(SteadyClock::time_point deadline);
+
+  // Reads both pipes to EOF and reaps the child. Returns the exit code; -1 when it was killed by
+  // a signal or the deadline passed (then the child is SIGKILLed and the test fails).
+  int Wait(SteadyClock::time_point deadline);
+
+  // Stdout not yet returned by ReadStdoutLine, and all of stderr so far.
+  std::string out() const { return out_.substr(out_pos_); }
+  const std::string& err() const { return err_; }
+
+ private:
+  bool Pump(SteadyClock::time_point deadline, bool want_stdout);
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  std::string out_;
+  size_t out_pos_ = 0;
+  std::string err_;
+  std::optional<int> status_;
+};
+
+struct CommandResult {
+  int code = -1;  // exit code; -1 when killed by a signal or past the deadline
+  std::string out;
+  std::string err;
+};
+
+// Runs argv to completion (failure guard: `timeout`).
+CommandResult RunCommand(const std::vector<std::string>& argv,
+                         std::chrono::seconds timeout = std::chrono::seconds(120));
+
+// `text` split at '\n' (no trailing empty line).
+std::vector<std::string> SplitLines(const std::string& text);
+
+}  // namespace kvo::testing
