@@ -23,10 +23,11 @@ void AddBenchCommand(CLI::App& app) {
       SetExitCode(bench::RunJournalBench(*options));
     } else if (*area == "manager") {
       SetExitCode(bench::RunManagerBench(*options));
-    } else {
+    } else if (!bench::HasRegisteredBenchCases(*area)) {
       Fail(Status::InvalidArgument("unknown bench area '" + *area +
                                    "' (available: events, journal, manager)"));
     }
+    if (bench::RunRegisteredBenchCases(*area, *options) != 0) SetExitCode(1);
   });
 }
 
