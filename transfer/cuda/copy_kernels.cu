@@ -8,7 +8,7 @@
 namespace kvo::cuda_internal {
 namespace {
 
-constexpr int kUnroll = 4;  // independent 16-byte loads in flight per lane
+constexpr int kUnroll = 8;  // independent 16-byte loads in flight per lane
 
 __device__ __forceinline__ void CopyVector(const uint4* __restrict__ src, uint4* __restrict__ dst,
                                            uint64_t n16, int lane) {

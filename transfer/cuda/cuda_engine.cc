@@ -29,17 +29,20 @@ struct DmaCopy {
   uint64_t bytes;
 };
 
-// Pinned, mapped host memory for kernel descriptors; blocks are reused after their job finished.
+// Kernel descriptors: pinned, mapped host memory (the zero-copy kernel reads it directly) plus a
+// device copy (staging uploads its descriptors once per job, so its short CTAs never wait on a
+// PCIe round trip). Blocks are reused after their job finished.
 struct PinnedBlock {
   CopyDesc* host = nullptr;
-  CopyDesc* device = nullptr;
-  size_t capacity = 0;  // descriptors
+  CopyDesc* mapped = nullptr;  // device-usable address of `host`
+  CopyDesc* device = nullptr;  // device memory of the same capacity
+  size_t capacity = 0;         // descriptors
 };
 
 class DescriptorPool {
  public:
   ~DescriptorPool() {
-    for (auto& b : free_) cudaFreeHost(b.host);
+    for (auto& b : free_) Free(b);
   }
   Result<PinnedBlock> Acquire(size_t count) {
     for (size_t i = 0; i < free_.size(); ++i) {
@@ -59,23 +62,31 @@ class DescriptorPool {
     b.host = static_cast<CopyDesc*>(p);
     void* d = nullptr;
     cudaError_t err = cudaHostGetDevicePointer(&d, p, 0);
-    if (err != cudaSuccess) {
-      cudaFreeHost(p);
-      return CudaStatus(err, "cudaHostGetDevicePointer(descriptors)");
+    if (err == cudaSuccess) {
+      b.mapped = static_cast<CopyDesc*>(d);
+      err = cudaMalloc(&d, capacity * sizeof(CopyDesc));
+      if (err == cudaSuccess) b.device = static_cast<CopyDesc*>(d);
     }
-    b.device = static_cast<CopyDesc*>(d);
+    if (err != cudaSuccess) {
+      Free(b);
+      return CudaStatus(err, "descriptor buffers");
+    }
     return b;
   }
   void Release(PinnedBlock b) {
     if (b.host == nullptr) return;
     if (free_.size() >= 16) {
-      cudaFreeHost(b.host);
+      Free(b);
       return;
     }
     free_.push_back(b);
   }
 
  private:
+  static void Free(const PinnedBlock& b) {
+    if (b.host) cudaFreeHost(b.host);
+    if (b.device) cudaFree(b.device);
+  }
   std::vector<PinnedBlock> free_;
 };
 
@@ -160,6 +171,7 @@ class CudaTransferEngine final : public TransferEngine {
     int sms = 0;
     KVO_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     kernel_ctas_ = tuning_.kernel_ctas > 0 ? tuning_.kernel_ctas : 4 * sms;
+    staging_ctas_ = tuning_.staging_ctas > 0 ? tuning_.staging_ctas : 4 * sms;
     int least = 0, greatest = 0;
     KVO_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     KVO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&compute_event_, cudaEventDisableTiming));
@@ -498,7 +510,7 @@ class CudaTransferEngine final : public TransferEngine {
     std::copy(descs.begin(), descs.end(), job->descs.host);
     KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, lane.kernel));
     KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(
-        job->descs.device, descs.size(), kernel_ctas_, tuning_.threads, lane.kernel));
+        job->descs.mapped, descs.size(), kernel_ctas_, tuning_.threads, lane.kernel));
     *final_stream = lane.kernel;
     return Status::Ok();
   }
@@ -548,7 +560,7 @@ class CudaTransferEngine final : public TransferEngine {
           chunks.push_back({descs.size(), 0, runs.size(), 0});
           fill = 0;
         }
-        uint64_t n = std::min({s.bytes - done, chunk - fill, tuning_.piece_bytes});
+        uint64_t n = std::min({s.bytes - done, chunk - fill, tuning_.staging_piece_bytes});
         if (d2h) {
           descs.push_back({gpu + done, fill, n, 0});
         } else {
@@ -570,9 +582,12 @@ class CudaTransferEngine final : public TransferEngine {
 
     KVO_ASSIGN_OR_RETURN(job->descs, descriptor_pool_.Acquire(descs.size()));
     KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, d2h ? lane.kernel : lane.copy));
-    for (const ChunkPlan& c : chunks) {
-      const int slot = static_cast<int>(lane.next_slot++ % 2);
-      const uintptr_t stage = reinterpret_cast<uintptr_t>(lane.staging[slot]);
+    // Descriptors of every chunk (each chunk's staging slot is known now), uploaded once.
+    std::vector<int> slots(chunks.size());
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const ChunkPlan& c = chunks[ci];
+      slots[ci] = static_cast<int>(lane.next_slot++ % 2);
+      const uintptr_t stage = reinterpret_cast<uintptr_t>(lane.staging[slots[ci]]);
       for (size_t i = c.desc_begin; i < c.desc_end; ++i) {
         CopyDesc d = descs[i];
         if (d2h) {
@@ -582,6 +597,14 @@ class CudaTransferEngine final : public TransferEngine {
         }
         job->descs.host[i] = d;
       }
+    }
+    KVO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(job->descs.device, job->descs.host,
+                                             descs.size() * sizeof(CopyDesc),
+                                             cudaMemcpyHostToDevice, lane.kernel));
+    for (size_t ci = 0; ci < chunks.size(); ++ci) {
+      const ChunkPlan& c = chunks[ci];
+      const int slot = slots[ci];
+      const uintptr_t stage = reinterpret_cast<uintptr_t>(lane.staging[slot]);
       std::vector<DmaCopy> copies;
       copies.reserve(c.run_end - c.run_begin);
       for (size_t i = c.run_begin; i < c.run_end; ++i) {
@@ -593,11 +616,11 @@ class CudaTransferEngine final : public TransferEngine {
         }
       }
       const size_t n = c.desc_end - c.desc_begin;
+      const CopyDesc* chunk_descs = job->descs.device + c.desc_begin;
       if (d2h) {
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_free[slot], 0));
-        KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(job->descs.device + c.desc_begin,
-                                                                 n, tuning_.staging_ctas,
-                                                                 tuning_.threads, lane.kernel));
+        KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(
+            chunk_descs, n, staging_ctas_, tuning_.staging_threads, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.copy, lane.slot_ready[slot], 0));
         KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
@@ -607,9 +630,8 @@ class CudaTransferEngine final : public TransferEngine {
         KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.copy));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_ready[slot], 0));
-        KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(job->descs.device + c.desc_begin,
-                                                                 n, tuning_.staging_ctas,
-                                                                 tuning_.threads, lane.kernel));
+        KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(
+            chunk_descs, n, staging_ctas_, tuning_.staging_threads, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_free[slot], lane.kernel));
       }
     }
@@ -627,6 +649,7 @@ class CudaTransferEngine final : public TransferEngine {
   const CudaEngineTuning tuning_;
   const CopyMethod method_;
   int kernel_ctas_ = 0;
+  int staging_ctas_ = 0;
 
   Mutex mu_;
   cudaEvent_t compute_event_ = nullptr;
@@ -682,12 +705,14 @@ CopyMethod ChooseCopyMethod(const CudaEngineTuning& tuning, uint64_t total_bytes
 Result<std::unique_ptr<TransferEngine>> MakeCudaTransferEngine(const TransferEngineOptions& options,
                                                                const CudaEngineTuning& tuning) {
   KVO_ASSIGN_OR_RETURN(CopyMethod method, ParseCopyMethod(options.copy_method));
+  auto bad_threads = [](int t) { return t <= 0 || t % 32 != 0 || t > 1024; };
   if (tuning.staging_chunk_bytes < (1 << 20) || tuning.piece_bytes == 0 ||
-      tuning.piece_bytes % 16 != 0 || tuning.staging_ctas <= 0 || tuning.threads <= 0 ||
-      tuning.threads % 32 != 0 || tuning.threads > 1024 || tuning.max_batch == 0) {
+      tuning.piece_bytes % 16 != 0 || tuning.staging_piece_bytes == 0 ||
+      tuning.staging_piece_bytes % 16 != 0 || tuning.staging_ctas < 0 || tuning.kernel_ctas < 0 ||
+      bad_threads(tuning.threads) || bad_threads(tuning.staging_threads) || tuning.max_batch == 0) {
     return Status::InvalidArgument(
-        "cuda engine tuning: staging_chunk_bytes >= 1 MiB, piece_bytes a nonzero multiple of 16, "
-        "staging_ctas > 0, threads a multiple of 32 up to 1024, max_batch > 0");
+        "cuda engine tuning: staging_chunk_bytes >= 1 MiB, piece sizes nonzero multiples of 16, "
+        "CTA counts >= 0, threads multiples of 32 up to 1024, max_batch > 0");
   }
   auto engine = std::make_unique<CudaTransferEngine>(options, tuning, method);
   KVO_RETURN_IF_ERROR(engine->Init());

@@ -36,9 +36,14 @@ Result<CopyMethod> ParseCopyMethod(std::string_view name);
 // Knobs beyond TransferEngineOptions (defaults are what the H200 measurements chose).
 struct CudaEngineTuning {
   uint64_t staging_chunk_bytes = 16ull << 20;  // one staging buffer; two per direction
-  uint64_t piece_bytes = 64 << 10;             // kernel work unit (a segment is split into pieces)
-  int staging_ctas = 8;                        // gather/scatter CTAs for staging (few: GPU busy)
-  int kernel_ctas = 0;                         // zero-copy CTAs; 0: 4 per SM
+  // Staging kernels: many short CTAs (one small piece per warp, a few microseconds each) so that
+  // beside compute kernels no compute CTA waits long for a slot; 0 CTAs: 4 per SM.
+  uint64_t staging_piece_bytes = 8 << 10;
+  int staging_ctas = 0;
+  int staging_threads = 256;
+  // Zero-copy kernel: pieces per warp, CTAs (0: 4 per SM) and threads per CTA.
+  uint64_t piece_bytes = 64 << 10;
+  int kernel_ctas = 0;
   int threads = 512;
   uint64_t max_batch = 8192;  // descriptors per cudaMemcpyBatchAsync call
   // auto: jobs whose average segment is at least this large go to the copy engines (batch).
