@@ -94,6 +94,7 @@ struct Job {
   TransferJobId id = 0;
   TransferDirection direction = TransferDirection::kGpuToCpu;
   CopyMethod method = CopyMethod::kAuto;
+  bool busy = false;  // the compute stream had queued work at Submit
   uint64_t bytes = 0;
   cudaEvent_t start = nullptr;
   cudaEvent_t end = nullptr;
@@ -171,7 +172,7 @@ class CudaTransferEngine final : public TransferEngine {
     int sms = 0;
     KVO_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_));
     kernel_ctas_ = tuning_.kernel_ctas > 0 ? tuning_.kernel_ctas : 4 * sms;
-    staging_ctas_ = tuning_.staging_ctas > 0 ? tuning_.staging_ctas : 4 * sms;
+    sms_ = sms;
     int least = 0, greatest = 0;
     KVO_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     KVO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&compute_event_, cudaEventDisableTiming));
@@ -287,12 +288,14 @@ class CudaTransferEngine final : public TransferEngine {
       total += s.bytes;
       if (host_pinned && !HostToDevice(d2h ? s.dst : s.src, s.bytes).ok()) host_pinned = false;
     }
+    // Busy: the compute stream still has queued work (this job will run beside it).
+    const cudaError_t q = cudaStreamQuery(compute_);
+    if (q != cudaSuccess && q != cudaErrorNotReady) {
+      return CudaStatus(q, "cudaStreamQuery(compute)");
+    }
+    const bool busy = q == cudaErrorNotReady;
     CopyMethod method = method_;
     if (method == CopyMethod::kAuto) {
-      cudaError_t q = cudaStreamQuery(compute_);
-      bool busy = q == cudaErrorNotReady;
-      if (q != cudaSuccess && q != cudaErrorNotReady)
-        return CudaStatus(q, "cudaStreamQuery(compute)");
       method = ChooseCopyMethod(tuning_, total, segs.size(), busy, host_pinned);
     }
     if (method == CopyMethod::kKernel && !host_pinned) {
@@ -305,6 +308,7 @@ class CudaTransferEngine final : public TransferEngine {
     job->id = next_id_++;
     job->direction = request.direction;
     job->method = method;
+    job->busy = busy;
     job->bytes = total;
     Lane& lane = lanes_[static_cast<int>(request.direction)];
     Status st = Enqueue(lane, job.get(), &segs, d2h, request.wait_event);
@@ -533,6 +537,8 @@ class CudaTransferEngine final : public TransferEngine {
     std::sort(segs->begin(), segs->end(),
               [&](const CopySegment& a, const CopySegment& b) { return host_of(a) < host_of(b); });
     const uint64_t chunk = tuning_.staging_chunk_bytes;
+    const StagingShape& shape = job->busy ? tuning_.staging_busy : tuning_.staging_idle;
+    const int ctas = shape.ctas > 0 ? shape.ctas : 4 * sms_;
     struct ChunkPlan {
       size_t desc_begin = 0, desc_end = 0;
       size_t run_begin = 0, run_end = 0;
@@ -560,7 +566,7 @@ class CudaTransferEngine final : public TransferEngine {
           chunks.push_back({descs.size(), 0, runs.size(), 0});
           fill = 0;
         }
-        uint64_t n = std::min({s.bytes - done, chunk - fill, tuning_.staging_piece_bytes});
+        uint64_t n = std::min({s.bytes - done, chunk - fill, shape.piece_bytes});
         if (d2h) {
           descs.push_back({gpu + done, fill, n, 0});
         } else {
@@ -619,8 +625,8 @@ class CudaTransferEngine final : public TransferEngine {
       const CopyDesc* chunk_descs = job->descs.device + c.desc_begin;
       if (d2h) {
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_free[slot], 0));
-        KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(
-            chunk_descs, n, staging_ctas_, tuning_.staging_threads, lane.kernel));
+        KVO_CUDA_RETURN_IF_ERROR(
+            cuda_internal::LaunchCopyPieces(chunk_descs, n, ctas, shape.threads, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.copy, lane.slot_ready[slot], 0));
         KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
@@ -630,8 +636,8 @@ class CudaTransferEngine final : public TransferEngine {
         KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.copy));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_ready[slot], 0));
-        KVO_CUDA_RETURN_IF_ERROR(cuda_internal::LaunchCopyPieces(
-            chunk_descs, n, staging_ctas_, tuning_.staging_threads, lane.kernel));
+        KVO_CUDA_RETURN_IF_ERROR(
+            cuda_internal::LaunchCopyPieces(chunk_descs, n, ctas, shape.threads, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_free[slot], lane.kernel));
       }
     }
@@ -649,7 +655,7 @@ class CudaTransferEngine final : public TransferEngine {
   const CudaEngineTuning tuning_;
   const CopyMethod method_;
   int kernel_ctas_ = 0;
-  int staging_ctas_ = 0;
+  int sms_ = 0;
 
   Mutex mu_;
   cudaEvent_t compute_event_ = nullptr;
@@ -706,10 +712,14 @@ Result<std::unique_ptr<TransferEngine>> MakeCudaTransferEngine(const TransferEng
                                                                const CudaEngineTuning& tuning) {
   KVO_ASSIGN_OR_RETURN(CopyMethod method, ParseCopyMethod(options.copy_method));
   auto bad_threads = [](int t) { return t <= 0 || t % 32 != 0 || t > 1024; };
+  auto bad_shape = [&](const StagingShape& sh) {
+    return sh.ctas < 0 || bad_threads(sh.threads) || sh.piece_bytes == 0 ||
+           sh.piece_bytes % 16 != 0;
+  };
   if (tuning.staging_chunk_bytes < (1 << 20) || tuning.piece_bytes == 0 ||
-      tuning.piece_bytes % 16 != 0 || tuning.staging_piece_bytes == 0 ||
-      tuning.staging_piece_bytes % 16 != 0 || tuning.staging_ctas < 0 || tuning.kernel_ctas < 0 ||
-      bad_threads(tuning.threads) || bad_threads(tuning.staging_threads) || tuning.max_batch == 0) {
+      tuning.piece_bytes % 16 != 0 || bad_shape(tuning.staging_idle) ||
+      bad_shape(tuning.staging_busy) || tuning.kernel_ctas < 0 || bad_threads(tuning.threads) ||
+      tuning.max_batch == 0) {
     return Status::InvalidArgument(
         "cuda engine tuning: staging_chunk_bytes >= 1 MiB, piece sizes nonzero multiples of 16, "
         "CTA counts >= 0, threads multiples of 32 up to 1024, max_batch > 0");

@@ -33,14 +33,22 @@ std::string_view CopyMethodName(CopyMethod method);  // "auto" | "staging" | ...
 // InvalidArgument naming the value and the accepted names.
 Result<CopyMethod> ParseCopyMethod(std::string_view name);
 
+// The launch shape of the staging gather/scatter kernel.
+struct StagingShape {
+  int ctas = 0;  // 0: 4 per SM
+  int threads = 256;
+  uint64_t piece_bytes = 8 << 10;  // one warp's unit of work
+};
+
 // Knobs beyond TransferEngineOptions (defaults are what the H200 measurements chose).
 struct CudaEngineTuning {
   uint64_t staging_chunk_bytes = 16ull << 20;  // one staging buffer; two per direction
-  // Staging kernels: many short CTAs (one small piece per warp, a few microseconds each) so that
-  // beside compute kernels no compute CTA waits long for a slot; 0 CTAs: 4 per SM.
-  uint64_t staging_piece_bytes = 8 << 10;
-  int staging_ctas = 0;
-  int staging_threads = 256;
+  // Staging kernel shape on an idle GPU: a few long-lived CTAs (gentle on HBM, so the DMA reading
+  // or writing the staging buffer keeps its pace). 0 CTAs: 4 per SM.
+  StagingShape staging_idle = {8, 512, 64 << 10};
+  // Staging kernel shape while the compute stream is busy: many short CTAs (one small piece per
+  // warp, a few microseconds each) so no compute CTA waits long for a slot.
+  StagingShape staging_busy = {0, 256, 8 << 10};
   // Zero-copy kernel: pieces per warp, CTAs (0: 4 per SM) and threads per CTA.
   uint64_t piece_bytes = 64 << 10;
   int kernel_ctas = 0;

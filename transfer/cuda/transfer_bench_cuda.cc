@@ -223,14 +223,39 @@ Status Verify(Ctx& c, Setup& s, const BlockTransferSpec& spec) {
   return c.s1.Synchronize();
 }
 
-Result<double> MethodGBps(Ctx& c, Setup& s, TransferDirection d, CopyMethod* picked) {
-  std::vector<double> gbps;
-  const double bytes = static_cast<double>(SpecBytes(s));
+// One contiguous copy of `bytes` in direction `d` (GB/s, CUDA events).
+Result<double> ContiguousOnce(Ctx& c, TransferDirection d, uint64_t bytes) {
+  KVO_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create());
+  KVO_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
+  uintptr_t dev = c.device.addr(), host = reinterpret_cast<uintptr_t>(c.host.data());
+  const bool d2h = d == TransferDirection::kGpuToCpu;
+  KVO_RETURN_IF_ERROR(e0.Record(c.s1.handle()));
+  KVO_RETURN_IF_ERROR(cuda::CopyAsync(c.s1.handle(), d2h ? host : dev, d2h ? dev : host, bytes));
+  KVO_RETURN_IF_ERROR(e1.Record(c.s1.handle()));
+  KVO_RETURN_IF_ERROR(e1.Synchronize());
+  KVO_ASSIGN_OR_RETURN(double ms, e1.MillisSince(e0));
+  return static_cast<double>(bytes) / (ms * 1e-3) / kGB;
+}
+
+struct Paired {
+  double method_gbps = 0;
+  double ceiling_gbps = 0;  // contiguous copies of the same bytes, interleaved with the jobs
+};
+
+// Each repetition runs one contiguous copy of the job's bytes and then one job, so the ratio is
+// taken against a ceiling measured beside it (the link's rate drifts between machines and runs).
+Result<Paired> MethodGBps(Ctx& c, Setup& s, TransferDirection d, CopyMethod* picked) {
+  std::vector<double> gbps, ceil;
+  const uint64_t bytes = SpecBytes(s);
   for (int i = 0; i < c.reps + 2; ++i) {
+    KVO_ASSIGN_OR_RETURN(double cg, ContiguousOnce(c, d, bytes));
     KVO_ASSIGN_OR_RETURN(double sec, RunOne(s.engine.get(), s.a, d, picked));
-    if (i >= 2) gbps.push_back(bytes / sec / kGB);
+    if (i >= 2) {
+      gbps.push_back(static_cast<double>(bytes) / sec / kGB);
+      ceil.push_back(cg);
+    }
   }
-  return Median(gbps);
+  return Paired{Median(gbps), Median(ceil)};
 }
 
 // ---- under load ------------------------------------------------------------------------------
@@ -294,7 +319,10 @@ Result<LoadedResult> UnderLoad(Ctx& c, Setup& s, const Busy& b, TransferDirectio
     std::vector<cuda::Event> before, after;
     KVO_ASSIGN_OR_RETURN(cuda::Event base, cuda::Event::Create());
     KVO_RETURN_IF_ERROR(base.Record(c.compute.handle()));
-    KVO_RETURN_IF_ERROR(LaunchBusy(c, b, 2, &before, &after));
+    // The job waits for the compute work queued before it (20 kernels, ~2 ms, so the queue is
+    // deep when the copy starts), then runs beside the kernels launched after it.
+    constexpr int kPre = 20;
+    KVO_RETURN_IF_ERROR(LaunchBusy(c, b, kPre, &before, &after));
     TransferRequest req;
     req.direction = d;
     req.blocks = s.a;
@@ -310,11 +338,11 @@ Result<LoadedResult> UnderLoad(Ctx& c, Setup& s, const Busy& b, TransferDirectio
       return Status::Internal("bench: under-load job failed");
     }
     const double job_s = results[0].seconds;
-    KVO_ASSIGN_OR_RETURN(double start_ms, after[1].MillisSince(base));
+    KVO_ASSIGN_OR_RETURN(double start_ms, after[kPre - 1].MillisSince(base));
     const double end_ms = start_ms + job_s * 1e3;
     double busy_ms = 0, sum_us = 0;
     int count = 0;
-    for (size_t i = 2; i < after.size(); ++i) {
+    for (size_t i = kPre; i < after.size(); ++i) {
       KVO_ASSIGN_OR_RETURN(double k0, before[i].MillisSince(base));
       KVO_ASSIGN_OR_RETURN(double k1, after[i].MillisSince(base));
       if (k0 >= start_ms && k1 <= end_ms) {
@@ -342,7 +370,7 @@ std::string Fmt(const char* fmt, double v) {
 Status RunAll(Ctx& c) {
   KVO_ASSIGN_OR_RETURN(c.sms, cuda::MultiprocessorCount(0));
   c.job_bytes = c.options.quick ? (32ull << 20) : (256ull << 20);
-  c.reps = c.options.quick ? 3 : 12;
+  c.reps = c.options.quick ? 3 : 20;
   KVO_ASSIGN_OR_RETURN(c.device, cuda::DeviceBuffer::Allocate(2 * c.job_bytes + (32ull << 20)));
   KVO_ASSIGN_OR_RETURN(c.host, cuda::PinnedBuffer::Allocate(2 * c.job_bytes + (32ull << 20)));
   KVO_ASSIGN_OR_RETURN(c.s1, cuda::Stream::Create());
@@ -390,8 +418,9 @@ Status RunAll(Ctx& c) {
           return verified;
         }
         CopyMethod picked = CopyMethod::kAuto;
-        KVO_ASSIGN_OR_RETURN(double gbps, MethodGBps(c, s, d, &picked));
-        if (methods[m] == "dma") naive = gbps;
+        KVO_ASSIGN_OR_RETURN(Paired p, MethodGBps(c, s, d, &picked));
+        const double gbps = p.method_gbps;
+        if (methods[m] == "dma") naive = gbps / p.ceiling_gbps;
         if (g.segment == (32 << 10)) {
           idle32[m * 2 + (d == TransferDirection::kGpuToCpu ? 0 : 1)] =
               static_cast<double>(SpecBytes(s)) / (gbps * kGB);
@@ -400,12 +429,13 @@ Status RunAll(Ctx& c) {
         std::string notes = std::to_string(s.a.gpu_block_ids.size()) + " random blocks x " +
                             std::to_string(g.tensors) + " segments of " + seg +
                             "B to/from random CPU rows; data verified; " +
-                            Fmt("%.1f%% of ceiling", 100 * gbps / ceiling(d)) +
-                            Fmt(", naive per-segment dma %.1f%%", 100 * naive / ceiling(d));
+                            Fmt("%.1f%% of the interleaved ceiling", 100 * gbps / p.ceiling_gbps) +
+                            Fmt(", naive per-segment dma %.1f%%", 100 * naive) +
+                            Fmt("; %.1f%% of the run's first ceiling", 100 * gbps / ceiling(d));
         if (methods[m] == "auto") notes += "; auto picked " + std::string(CopyMethodName(picked));
         Print(c, "gpu_scatter_" + seg + "_" + methods[m] + "_" + dname(d), "GB/s", gbps,
-              "contiguous " + dname(d) + " ceiling", ceiling(d), judged ? 0.95 * ceiling(d) : 0,
-              notes);
+              "contiguous " + dname(d) + " copy of the same bytes, interleaved", p.ceiling_gbps,
+              judged ? 0.95 * p.ceiling_gbps : 0, notes);
       }
     }
   }
@@ -459,8 +489,8 @@ Status RunAll(Ctx& c) {
   Print(c, "gpu_busy_kernel", "us", busy.alone_us, "target ~100 us", 100, 0,
         std::to_string(busy.ctas) + " CTAs x 256 threads (full occupancy), " +
             std::to_string(busy.iters) + " FMA iterations; the forward-pass stand-in alone");
-  // methods plus "staging_8cta": staging with 8 long-lived 512-thread CTAs and 64 KiB pieces (the
-  // first design), to show what short CTAs buy beside compute.
+  // methods plus "staging_8cta": staging keeping its idle shape (8 long-lived 512-thread CTAs,
+  // 64 KiB pieces) beside compute, to show what the busy shape (many short CTAs) buys.
   std::vector<std::string> loaded_methods = methods;
   loaded_methods.push_back("staging_8cta");
   for (size_t m = 0; m < loaded_methods.size(); ++m) {
@@ -469,9 +499,7 @@ Status RunAll(Ctx& c) {
       std::string method = loaded_methods[m];
       if (method == "staging_8cta") {
         method = "staging";
-        tuning.staging_ctas = 8;
-        tuning.staging_threads = 512;
-        tuning.staging_piece_bytes = 64 << 10;
+        tuning.staging_busy = tuning.staging_idle;  // the idle shape beside compute too
       }
       KVO_ASSIGN_OR_RETURN(Setup s,
                            MakeSetup(c, {32 << 10, 64}, method, c.compute.handle(), tuning));
@@ -493,6 +521,32 @@ Status RunAll(Ctx& c) {
             Fmt("busy kernel %.1f us alone", busy.alone_us) +
                 Fmt(", %.1f us beside the copy", busy.alone_us * (1 + r.slowdown)));
     }
+  }
+  // The same for auto beside ten-times longer compute kernels (~1 ms): separates a per-launch
+  // cost of the copies from a per-byte one.
+  Busy long_busy = busy;
+  long_busy.iters = busy.iters * 10;
+  {
+    std::vector<cuda::Event> before, after;
+    KVO_RETURN_IF_ERROR(LaunchBusy(c, long_busy, 12, &before, &after));
+    KVO_RETURN_IF_ERROR(c.compute.Synchronize());
+    std::vector<double> us;
+    for (size_t i = 2; i < after.size(); ++i) {
+      KVO_ASSIGN_OR_RETURN(double ms, after[i].MillisSince(before[i]));
+      us.push_back(ms * 1e3);
+    }
+    long_busy.alone_us = Median(us);
+  }
+  for (const TransferDirection d : {TransferDirection::kGpuToCpu, TransferDirection::kCpuToGpu}) {
+    KVO_ASSIGN_OR_RETURN(Setup s, MakeSetup(c, {32 << 10, 64}, "auto", c.compute.handle()));
+    double idle_s = idle32[4 * 2 + (d == TransferDirection::kGpuToCpu ? 0 : 1)];
+    KVO_ASSIGN_OR_RETURN(LoadedResult r, UnderLoad(c, s, long_busy, d, idle_s));
+    Print(c, "gpu_under_load_1ms_32k_auto_" + dname(d) + "_compute", "x alone",
+          1.0 / (1.0 + r.slowdown), "compute alone", 1.0, 0,
+          Fmt("busy kernel %.0f us alone", long_busy.alone_us) +
+              Fmt("; copy %.1f%% of ceiling", 100 * r.copy_gbps / ceiling(d)) +
+              Fmt(", compute covered %.0f%% of the copy", 100 * r.coverage) + "; auto picked " +
+              std::string(CopyMethodName(r.picked)));
   }
   return Status::Ok();
 }
