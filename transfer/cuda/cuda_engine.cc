@@ -526,6 +526,14 @@ class CudaTransferEngine final : public TransferEngine {
     }
   }
 
+  Status UploadRest(Job* job, size_t begin, size_t end, cudaStream_t stream) {
+    if (end <= begin) return Status::Ok();
+    KVO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(job->descs.device + begin, job->descs.host + begin,
+                                             (end - begin) * sizeof(CopyDesc),
+                                             cudaMemcpyHostToDevice, stream));
+    return Status::Ok();
+  }
+
   // Staging: segments sorted by host address are packed into staging chunks (the host side of a
   // chunk is then a few contiguous runs). Per chunk, D2H: gather kernel (kernel stream) -> DMA of
   // the runs (copy stream); H2D: DMA of the runs -> scatter kernel. Two staging slots per
@@ -552,13 +560,26 @@ class CudaTransferEngine final : public TransferEngine {
     std::vector<Run> runs;
     // Descriptors hold the staging offset in `dst` (D2H) / `src` (H2D) until the slot is known.
     std::vector<CopyDesc> descs;
-    uint64_t fill = chunk;  // bytes used in the current chunk; `chunk` forces a new one
+    // Chunk sizes ramp: the first and the last chunk are small (chunk / 8) so the exposed first
+    // gather (D2H) and last scatter (H2D), which do not overlap a DMA, are short.
+    uint64_t remaining = 0;
+    for (const CopySegment& s : *segs) remaining += s.bytes;
+    const uint64_t small = chunk / 8;
+    auto next_limit = [&](bool first) {
+      if (first && remaining > small) return small;
+      if (remaining <= small) return remaining;
+      if (remaining <= chunk + small) return remaining - small;
+      return chunk;
+    };
+    uint64_t limit = 0;
+    uint64_t fill = 0;  // bytes used in the current chunk; fill == limit starts a new one
     for (const CopySegment& s : *segs) {
       uintptr_t gpu = d2h ? s.src : s.dst;
       uintptr_t host = host_of(s);
       uint64_t done = 0;
       while (done < s.bytes) {
-        if (fill == chunk) {
+        if (fill == limit) {
+          limit = next_limit(chunks.empty());
           if (!chunks.empty()) {
             chunks.back().desc_end = descs.size();
             chunks.back().run_end = runs.size();
@@ -566,7 +587,7 @@ class CudaTransferEngine final : public TransferEngine {
           chunks.push_back({descs.size(), 0, runs.size(), 0});
           fill = 0;
         }
-        uint64_t n = std::min({s.bytes - done, chunk - fill, shape.piece_bytes});
+        uint64_t n = std::min({s.bytes - done, limit - fill, shape.piece_bytes});
         if (d2h) {
           descs.push_back({gpu + done, fill, n, 0});
         } else {
@@ -581,6 +602,7 @@ class CudaTransferEngine final : public TransferEngine {
         }
         fill += n;
         done += n;
+        remaining -= n;
       }
     }
     chunks.back().desc_end = descs.size();
@@ -604,9 +626,11 @@ class CudaTransferEngine final : public TransferEngine {
         job->descs.host[i] = d;
       }
     }
+    // Upload the first chunk's descriptors, and the rest after its kernel (off the critical path).
+    const size_t first_descs = chunks.front().desc_end;
     KVO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(job->descs.device, job->descs.host,
-                                             descs.size() * sizeof(CopyDesc),
-                                             cudaMemcpyHostToDevice, lane.kernel));
+                                             first_descs * sizeof(CopyDesc), cudaMemcpyHostToDevice,
+                                             lane.kernel));
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const ChunkPlan& c = chunks[ci];
       const int slot = slots[ci];
@@ -627,6 +651,7 @@ class CudaTransferEngine final : public TransferEngine {
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_free[slot], 0));
         KVO_CUDA_RETURN_IF_ERROR(
             cuda_internal::LaunchCopyPieces(chunk_descs, n, ctas, shape.threads, lane.kernel));
+        if (ci == 0) KVO_RETURN_IF_ERROR(UploadRest(job, first_descs, descs.size(), lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.copy, lane.slot_ready[slot], 0));
         KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
@@ -638,6 +663,7 @@ class CudaTransferEngine final : public TransferEngine {
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_ready[slot], 0));
         KVO_CUDA_RETURN_IF_ERROR(
             cuda_internal::LaunchCopyPieces(chunk_descs, n, ctas, shape.threads, lane.kernel));
+        if (ci == 0) KVO_RETURN_IF_ERROR(UploadRest(job, first_descs, descs.size(), lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_free[slot], lane.kernel));
       }
     }
@@ -716,12 +742,13 @@ Result<std::unique_ptr<TransferEngine>> MakeCudaTransferEngine(const TransferEng
     return sh.ctas < 0 || bad_threads(sh.threads) || sh.piece_bytes == 0 ||
            sh.piece_bytes % 16 != 0;
   };
-  if (tuning.staging_chunk_bytes < (1 << 20) || tuning.piece_bytes == 0 ||
-      tuning.piece_bytes % 16 != 0 || bad_shape(tuning.staging_idle) ||
+  if (tuning.staging_chunk_bytes < (1 << 20) || tuning.staging_chunk_bytes % 4096 != 0 ||
+      tuning.piece_bytes == 0 || tuning.piece_bytes % 16 != 0 || bad_shape(tuning.staging_idle) ||
       bad_shape(tuning.staging_busy) || tuning.kernel_ctas < 0 || bad_threads(tuning.threads) ||
       tuning.max_batch == 0) {
     return Status::InvalidArgument(
-        "cuda engine tuning: staging_chunk_bytes >= 1 MiB, piece sizes nonzero multiples of 16, "
+        "cuda engine tuning: staging_chunk_bytes >= 1 MiB and a multiple of 4096, piece sizes "
+        "nonzero multiples of 16, "
         "CTA counts >= 0, threads multiples of 32 up to 1024, max_batch > 0");
   }
   auto engine = std::make_unique<CudaTransferEngine>(options, tuning, method);

@@ -51,7 +51,7 @@ std::vector<uint8_t> RandomBytes(uint64_t n, std::mt19937_64& rng) {
 // Builds the fixture for `spec` (tensor bases are filled in here: tensor t at device offset
 // t * num_blocks * block_stride).
 void Build(KvLayoutSpec spec, uint64_t num_slots, const std::string& method, std::mt19937_64& rng,
-           Fixture* f, uintptr_t compute_stream = 0) {
+           Fixture* f, uintptr_t compute_stream = 0, const CudaEngineTuning& tuning = {}) {
   uint64_t bytes = 0;
   for (const auto& t : spec.tensors) bytes += t.num_blocks * t.block_stride;
   auto dev = DeviceBuffer::Allocate(bytes);
@@ -72,7 +72,7 @@ void Build(KvLayoutSpec spec, uint64_t num_slots, const std::string& method, std
   TransferEngineOptions options;
   options.copy_method = method;
   options.compute_stream = compute_stream;
-  auto engine = MakeCudaTransferEngine(options);
+  auto engine = MakeCudaTransferEngine(options, tuning);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   f->engine = std::move(*engine);
   auto region = f->engine->AllocateHostRegion(num_slots, f->layout->row_stride());
@@ -293,6 +293,45 @@ TEST_P(CudaEngineMethodTest, CopiesWaitForPendingComputeStreamWrites) {
   std::vector<uint8_t> got(page);
   ASSERT_TRUE(CopyDeviceToHost(got.data(), f.device.addr() + 2 * page, page).ok());
   EXPECT_EQ(got, row_bytes) << "the load did not wait for the pending compute write";
+}
+
+// Staging with 1 MiB chunks: many chunks per job (ramped first/last chunks, both staging slots
+// reused many times), with the idle kernel shape and, while the compute stream is busy, the busy
+// shape.
+TEST(CudaEngineStagingTest, ManyChunksBothShapesByteExact) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937_64 rng(::kvo::testing::TestSeed());
+  CudaEngineTuning tuning;
+  tuning.staging_chunk_bytes = 1 << 20;
+  for (bool busy : {false, true}) {
+    SCOPED_TRACE(busy ? "busy shape" : "idle shape");
+    auto compute = Stream::Create();
+    ASSERT_TRUE(compute.ok());
+    KvLayoutSpec spec;
+    const uint64_t page = 8 << 10, num_blocks = 256;
+    KvGroupLayout group;
+    for (uint32_t t = 0; t < 8; ++t) {
+      spec.tensors.push_back({0, num_blocks, page, page});
+      group.refs.push_back({t, page});
+    }
+    spec.groups.push_back(group);
+    Fixture f;
+    Build(spec, 200, "staging", rng, &f, compute->handle(), tuning);
+    if (HasFatalFailure()) return;
+    auto scratch = DeviceBuffer::Allocate(4096);
+    ASSERT_TRUE(scratch.ok());
+    if (busy) {
+      // Keep the compute stream busy while the jobs are submitted (the kernel writes a scratch
+      // buffer, not the KV cache).
+      ASSERT_TRUE(LaunchDelayedFill(compute->handle(), scratch->addr(), 4096, 7, 50'000'000).ok());
+    }
+    BlockTransferSpec bs;
+    bs.gpu_block_ids = DistinctIds(150, num_blocks, rng);  // 150 x 64 KiB: about 10 chunks
+    bs.group_sizes = {150};
+    bs.cpu_slots = DistinctIds(150, 200, rng);
+    RoundTrip(&f, bs);
+    ASSERT_TRUE(compute->Synchronize().ok());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Methods, CudaEngineMethodTest,
