@@ -609,7 +609,6 @@ class CudaTransferEngine final : public TransferEngine {
     chunks.back().run_end = runs.size();
 
     KVO_ASSIGN_OR_RETURN(job->descs, descriptor_pool_.Acquire(descs.size()));
-    KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, d2h ? lane.kernel : lane.copy));
     // Descriptors of every chunk (each chunk's staging slot is known now), uploaded once.
     std::vector<int> slots(chunks.size());
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
@@ -626,6 +625,8 @@ class CudaTransferEngine final : public TransferEngine {
         job->descs.host[i] = d;
       }
     }
+    // The job's GPU time starts here (host planning above, like every method's, is not in it).
+    KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, d2h ? lane.kernel : lane.copy));
     // Upload the first chunk's descriptors, and the rest after its kernel (off the critical path).
     const size_t first_descs = chunks.front().desc_end;
     KVO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(job->descs.device, job->descs.host,
