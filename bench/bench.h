@@ -39,5 +39,8 @@ double Percentile(std::vector<double> v, double p);
 int RunEventsBench(const BenchOptions& options);
 int RunJournalBench(const BenchOptions& options);  // bench/journal_bench.cc
 int RunManagerBench(const BenchOptions& options);  // bench/manager_bench.cc
+int RunTransferBench(const BenchOptions& options);  // bench/transfer_bench.cc
+int RunHostTransferCases(const BenchOptions& options);  // bench/transfer_bench.cc (host engine)
+int RunFsBench(const BenchOptions& options);        // bench/fs_bench.cc
 
 }  // namespace kvo::bench

@@ -526,3 +526,25 @@ Status WalkRankDir(
 }
 
 }  // namespace kvo::fs_internal
+
+namespace kvo::fs_internal {
+
+Result<std::vector<DirEntry>> ListDirEntries(const Dir& dir, std::string_view what) {
+  KVO_ASSIGN_OR_RETURN(std::vector<Listed> listed, ListWithStat(dir, what));
+  std::vector<DirEntry> out;
+  for (const Listed& l : listed) {
+    DirEntry e;
+    e.name = l.name;
+    if (l.stat_ok) {
+      e.is_dir = S_ISDIR(l.st.st_mode);
+      e.is_regular = S_ISREG(l.st.st_mode);
+      e.is_symlink = S_ISLNK(l.st.st_mode);
+      e.size = static_cast<uint64_t>(l.st.st_size);
+      e.disk_bytes = static_cast<uint64_t>(l.st.st_blocks) * 512;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace kvo::fs_internal

@@ -136,6 +136,17 @@ struct WalkEntry {
 Status WalkRankDir(const Dir& rank,
                    const std::function<void(const WalkEntry&, const Dir&, const std::string&)>& fn);
 
+// Entries of `dir` (sorted by name, "." and ".." excluded) with lstat results.
+struct DirEntry {
+  std::string name;
+  bool is_dir = false;
+  bool is_regular = false;
+  bool is_symlink = false;
+  uint64_t size = 0;
+  uint64_t disk_bytes = 0;
+};
+Result<std::vector<DirEntry>> ListDirEntries(const Dir& dir, std::string_view what);
+
 // Random 63-bit value, thread-local generator (temp names).
 uint64_t RandomU63();
 
