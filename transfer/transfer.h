@@ -3,5 +3,8 @@
 // the file-system tier (FsTier, vLLM's on-disk layout plus kvo's integrity checks).
 #pragma once
 
+#include "transfer/fs_inspect.h"
+#include "transfer/fs_namespace.h"
+#include "transfer/fs_tier.h"
 #include "transfer/kv_layout.h"
 #include "transfer/transfer_engine.h"
