@@ -160,6 +160,24 @@ uint8_t DelayedFillPattern(uint32_t seed, uint64_t i);
 // `sink` is device memory of ctas * 256 floats.
 Status LaunchBusyKernel(uintptr_t stream, uintptr_t sink, int ctas, int iters);
 
+// A CUDA graph of `count` busy kernels (LaunchBusyKernel's), captured on `stream` and
+// instantiated: the benchmark's forward-pass stand-in launched the way vLLM launches decode steps.
+class BusyGraph {
+ public:
+  static Result<BusyGraph> Capture(uintptr_t stream, uintptr_t sink, int ctas, int iters,
+                                   int count);
+  BusyGraph() = default;
+  BusyGraph(BusyGraph&& other) noexcept;
+  BusyGraph& operator=(BusyGraph&& other) noexcept;
+  ~BusyGraph();
+  Status Launch(uintptr_t stream) const;
+  int count() const { return count_; }
+
+ private:
+  uintptr_t exec_ = 0;
+  int count_ = 0;
+};
+
 // Copies `bytes` with one cudaMemcpyAsync on `stream` (the contiguous-copy ceiling).
 Status CopyAsync(uintptr_t stream, uintptr_t dst, uintptr_t src, uint64_t bytes);
 // Makes `stream` wait for `event` (cudaStreamWaitEvent).

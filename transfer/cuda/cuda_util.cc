@@ -200,6 +200,49 @@ Status LaunchBusyKernel(uintptr_t stream, uintptr_t sink, int ctas, int iters) {
   return Status::Ok();
 }
 
+Result<BusyGraph> BusyGraph::Capture(uintptr_t stream, uintptr_t sink, int ctas, int iters,
+                                     int count) {
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  KVO_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cudaError_t launch_err = cudaSuccess;
+  for (int i = 0; i < count && launch_err == cudaSuccess; ++i) {
+    launch_err = cuda_internal::LaunchBusyKernel(reinterpret_cast<float*>(sink), ctas, iters, s);
+  }
+  cudaGraph_t graph = nullptr;
+  cudaError_t end_err = cudaStreamEndCapture(s, &graph);
+  if (launch_err != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    return CudaStatus(launch_err, "BusyGraph capture launch");
+  }
+  KVO_CUDA_RETURN_IF_ERROR(end_err);
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) return CudaStatus(err, "cudaGraphInstantiate");
+  BusyGraph out;
+  out.exec_ = reinterpret_cast<uintptr_t>(exec);
+  out.count_ = count;
+  return out;
+}
+BusyGraph::BusyGraph(BusyGraph&& o) noexcept
+    : exec_(std::exchange(o.exec_, 0)), count_(std::exchange(o.count_, 0)) {}
+BusyGraph& BusyGraph::operator=(BusyGraph&& o) noexcept {
+  if (this != &o) {
+    if (exec_) cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(exec_));
+    exec_ = std::exchange(o.exec_, 0);
+    count_ = std::exchange(o.count_, 0);
+  }
+  return *this;
+}
+BusyGraph::~BusyGraph() {
+  if (exec_) cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(exec_));
+}
+Status BusyGraph::Launch(uintptr_t stream) const {
+  KVO_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec_),
+                                           reinterpret_cast<cudaStream_t>(stream)));
+  return Status::Ok();
+}
+
 Status CopyAsync(uintptr_t stream, uintptr_t dst, uintptr_t src, uint64_t bytes) {
   KVO_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,

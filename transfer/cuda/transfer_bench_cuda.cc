@@ -263,7 +263,8 @@ Result<Paired> MethodGBps(Ctx& c, Setup& s, TransferDirection d, CopyMethod* pic
 struct Busy {
   int ctas = 0;
   int iters = 0;
-  double alone_us = 0;  // median duration of one kernel alone
+  const cuda::BusyGraph* graph = nullptr;  // set: each unit is one graph launch of its kernels
+  double alone_us = 0;                     // median duration of one unit (kernel or graph) alone
 };
 
 // Launches `n` busy kernels on the compute stream with an event before and after each.
@@ -273,7 +274,12 @@ Status LaunchBusy(Ctx& c, const Busy& b, int n, std::vector<cuda::Event>* before
     KVO_ASSIGN_OR_RETURN(cuda::Event e0, cuda::Event::Create());
     KVO_ASSIGN_OR_RETURN(cuda::Event e1, cuda::Event::Create());
     KVO_RETURN_IF_ERROR(e0.Record(c.compute.handle()));
-    KVO_RETURN_IF_ERROR(cuda::LaunchBusyKernel(c.compute.handle(), c.sink.addr(), b.ctas, b.iters));
+    if (b.graph != nullptr) {
+      KVO_RETURN_IF_ERROR(b.graph->Launch(c.compute.handle()));
+    } else {
+      KVO_RETURN_IF_ERROR(
+          cuda::LaunchBusyKernel(c.compute.handle(), c.sink.addr(), b.ctas, b.iters));
+    }
     KVO_RETURN_IF_ERROR(e1.Record(c.compute.handle()));
     before->push_back(std::move(e0));
     after->push_back(std::move(e1));
@@ -321,7 +327,7 @@ Result<LoadedResult> UnderLoad(Ctx& c, Setup& s, const Busy& b, TransferDirectio
     KVO_RETURN_IF_ERROR(base.Record(c.compute.handle()));
     // The job waits for the compute work queued before it (20 kernels, ~2 ms, so the queue is
     // deep when the copy starts), then runs beside the kernels launched after it.
-    constexpr int kPre = 20;
+    const int kPre = b.graph != nullptr ? 2 : 20;
     KVO_RETURN_IF_ERROR(LaunchBusy(c, b, kPre, &before, &after));
     TransferRequest req;
     req.direction = d;
@@ -522,6 +528,44 @@ Status RunAll(Ctx& c) {
                 Fmt(", %.1f us beside the copy", busy.alone_us * (1 + r.slowdown)));
     }
   }
+  // The same ~100 us kernels launched as CUDA graphs of 10 (as vLLM launches decode steps): the
+  // unit timed is one graph; separates a per-launch cost (command fetch over the host link) from
+  // the copies' use of the SMs and memory.
+  {
+    KVO_ASSIGN_OR_RETURN(
+        cuda::BusyGraph graph,
+        cuda::BusyGraph::Capture(c.compute.handle(), c.sink.addr(), busy.ctas, busy.iters, 10));
+    Busy gb = busy;
+    gb.graph = &graph;
+    std::vector<cuda::Event> before, after;
+    KVO_RETURN_IF_ERROR(LaunchBusy(c, gb, 30, &before, &after));
+    KVO_RETURN_IF_ERROR(c.compute.Synchronize());
+    std::vector<double> us;
+    for (size_t i = 5; i < after.size(); ++i) {
+      KVO_ASSIGN_OR_RETURN(double ms, after[i].MillisSince(before[i]));
+      us.push_back(ms * 1e3);
+    }
+    gb.alone_us = Median(us);
+    for (const std::string method : {"auto", "batch"}) {
+      for (const TransferDirection d :
+           {TransferDirection::kGpuToCpu, TransferDirection::kCpuToGpu}) {
+        KVO_ASSIGN_OR_RETURN(Setup s, MakeSetup(c, {32 << 10, 64}, method, c.compute.handle()));
+        const size_t mi = method == "auto" ? 4 : 1;
+        double idle_s = idle32[mi * 2 + (d == TransferDirection::kGpuToCpu ? 0 : 1)];
+        KVO_ASSIGN_OR_RETURN(LoadedResult r, UnderLoad(c, s, gb, d, idle_s));
+        std::string notes = Fmt("graph of 10 busy kernels: %.0f us alone", gb.alone_us) +
+                            Fmt("; copy %.1f%% of ceiling", 100 * r.copy_gbps / ceiling(d)) +
+                            Fmt(", compute covered %.0f%% of the copy", 100 * r.coverage);
+        if (method == "auto") notes += "; auto picked " + std::string(CopyMethodName(r.picked));
+        const std::string name = "gpu_under_load_graph_32k_" + method + "_" + dname(d);
+        Print(c, name, "GB/s", r.copy_gbps, "contiguous " + dname(d) + " ceiling (idle)",
+              ceiling(d), method == "auto" ? 0.85 * ceiling(d) : 0, notes);
+        Print(c, name + "_compute", "x alone", 1.0 / (1.0 + r.slowdown), "compute alone", 1.0,
+              method == "auto" ? 0.98 : 0, notes);
+      }
+    }
+  }
+
   // The same for auto beside ten-times longer compute kernels (~1 ms): separates a per-launch
   // cost of the copies from a per-byte one.
   Busy long_busy = busy;
