@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +53,39 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   size_t idx = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
   return v[std::min(idx, v.size() - 1)];
+}
+
+namespace {
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::multimap<std::string, BenchCases>& Registry() {
+  static std::multimap<std::string, BenchCases> registry;
+  return registry;
+}
+}  // namespace
+
+void RegisterBenchCases(std::string area, BenchCases cases) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry().emplace(std::move(area), std::move(cases));
+}
+
+bool HasRegisteredBenchCases(const std::string& area) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return Registry().count(area) > 0;
+}
+
+int RunRegisteredBenchCases(const std::string& area, const BenchOptions& options) {
+  std::vector<BenchCases> sets;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    auto [begin, end] = Registry().equal_range(area);
+    for (auto it = begin; it != end; ++it) sets.push_back(it->second);
+  }
+  int rc = 0;
+  for (const auto& cases : sets) rc |= cases(options);
+  return rc;
 }
 
 }  // namespace kvo::bench

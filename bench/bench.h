@@ -39,5 +39,16 @@ double Percentile(std::vector<double> v, double p);
 int RunEventsBench(const BenchOptions& options);
 int RunJournalBench(const BenchOptions& options);  // bench/journal_bench.cc
 int RunManagerBench(const BenchOptions& options);  // bench/manager_bench.cc
+int RunTransferBench(const BenchOptions& options);  // bench/transfer_bench.cc
+int RunHostTransferCases(const BenchOptions& options);  // bench/transfer_bench.cc (host engine)
+int RunFsBench(const BenchOptions& options);        // bench/fs_bench.cc
+
+// Cases an optional library adds to an area (the GPU cases of `transfer`, from
+// transfer/cuda when it is linked): they run after the area's own cases. Thread-safe.
+using BenchCases = std::function<int(const BenchOptions&)>;
+void RegisterBenchCases(std::string area, BenchCases cases);
+bool HasRegisteredBenchCases(const std::string& area);
+// Runs every registered set for `area`; 0 when all ran (or none is registered), else 1.
+int RunRegisteredBenchCases(const std::string& area, const BenchOptions& options);
 
 }  // namespace kvo::bench

@@ -10,7 +10,7 @@ void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
-  cmd->add_option("area", *area, "events | journal | manager")->required();
+  cmd->add_option("area", *area, "events | journal | manager | transfer | fs")->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
@@ -23,10 +23,15 @@ void AddBenchCommand(CLI::App& app) {
       SetExitCode(bench::RunJournalBench(*options));
     } else if (*area == "manager") {
       SetExitCode(bench::RunManagerBench(*options));
-    } else {
+    } else if (*area == "transfer") {
+      SetExitCode(bench::RunTransferBench(*options));
+    } else if (*area == "fs") {
+      SetExitCode(bench::RunFsBench(*options));
+    } else if (!bench::HasRegisteredBenchCases(*area)) {
       Fail(Status::InvalidArgument("unknown bench area '" + *area +
-                                   "' (available: events, journal, manager)"));
+                                   "' (available: events, journal, manager, transfer, fs)"));
     }
+    if (bench::RunRegisteredBenchCases(*area, *options) != 0) SetExitCode(1);
   });
 }
 

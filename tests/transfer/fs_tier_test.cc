@@ -1,0 +1,518 @@
+#include "transfer/fs_tier.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+constexpr uint64_t kRow = 8192;
+
+struct Rows {
+  explicit Rows(uint64_t n, uint64_t row = kRow) : num(n), stride(row) {
+    mem = static_cast<uint8_t*>(std::aligned_alloc(4096, n * row));
+    std::memset(mem, 0, n * row);
+  }
+  ~Rows() { std::free(mem); }
+  HostRegion region() const { return {reinterpret_cast<uintptr_t>(mem), num, stride}; }
+  uint8_t* row(uint64_t i) { return mem + i * stride; }
+  // Row content derived from a seed so that another process can check it.
+  void Fill(uint64_t i, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    auto* p = reinterpret_cast<uint64_t*>(row(i));
+    for (uint64_t w = 0; w < stride / 8; ++w) p[w] = rng();
+  }
+  bool Matches(uint64_t i, uint64_t seed) {
+    std::vector<uint8_t> want(stride);
+    std::mt19937_64 rng(seed);
+    auto* p = reinterpret_cast<uint64_t*>(want.data());
+    for (uint64_t w = 0; w < stride / 8; ++w) p[w] = rng();
+    return std::memcmp(want.data(), row(i), stride) == 0;
+  }
+  uint8_t* mem;
+  uint64_t num;
+  uint64_t stride;
+};
+
+FsRunFields Fields() {
+  FsRunFields f;
+  f.model_name = "test-model";
+  return f;
+}
+
+FsTierOptions Options(const std::string& root) {
+  FsTierOptions o;
+  o.root_dir = root;
+  o.fields = Fields();
+  o.n_read_threads = 2;
+  o.n_write_threads = 2;
+  return o;
+}
+
+FsBlockKey Key(uint64_t i, uint32_t group = 0) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(i * 0x9E3779B97F4A7C15ull));
+  return FsBlockKey{buf, group};
+}
+
+std::string BlockPath(const FsTier& tier, const std::string& root, const FsBlockKey& k) {
+  return root + "/" + FsBlockRelativePath(tier.namespace_name(), 0, k);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+FsJobResult RunJob(FsTier& tier, bool store, std::vector<FsBlockKey> keys,
+                   std::vector<int64_t> slots) {
+  auto id = store ? tier.SubmitStore(std::move(keys), std::move(slots))
+                  : tier.SubmitLoad(std::move(keys), std::move(slots));
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  if (!id.ok()) return {};
+  EXPECT_TRUE(tier.Wait(*id).ok());
+  std::vector<FsJobResult> out;
+  tier.GetFinished(&out);
+  EXPECT_EQ(out.size(), 1u);
+  if (out.empty()) return {};
+  EXPECT_EQ(out[0].job_id, *id);
+  return std::move(out[0]);
+}
+
+class FsTierTest : public ::testing::TestWithParam<bool> {
+ protected:
+  FsTierOptions Opts() {
+    FsTierOptions o = Options(dir_.path());
+    o.force_sidecar_records = GetParam();
+    return o;
+  }
+  testing::TempDir dir_;
+};
+
+TEST_P(FsTierTest, StoresAndLoadsVllmLayoutByteExact) {
+  Rows rows(8);
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  FsTier& t = **tier;
+  for (uint64_t i = 0; i < 4; ++i) rows.Fill(i, 100 + i);
+  std::vector<FsBlockKey> keys = {Key(0), Key(1, 1), Key(2), Key(3, 7)};
+  FsJobResult st = RunJob(t, true, keys, {0, 1, 2, 3});
+  EXPECT_TRUE(st.success);
+  EXPECT_TRUE(st.is_store);
+  EXPECT_EQ(st.bytes, 4 * kRow);
+  for (const auto& b : st.blocks) EXPECT_EQ(b.outcome, FsBlockOutcome::kOk);
+
+  // vLLM's layout: the .bin at its path is exactly the row; config.json beside it.
+  for (uint64_t i = 0; i < 4; ++i) {
+    const std::string p = BlockPath(t, dir_.path(), keys[i]);
+    std::string body = Slurp(p);
+    ASSERT_EQ(body.size(), kRow) << p;
+    EXPECT_EQ(0, std::memcmp(body.data(), rows.row(i), kRow));
+    struct stat s {};
+    ASSERT_EQ(::stat(p.c_str(), &s), 0);
+    EXPECT_EQ(s.st_mode & 0777, 0600u);
+    ASSERT_EQ(::stat(stdfs::path(p).parent_path().c_str(), &s), 0);
+    EXPECT_EQ(s.st_mode & 0777, 0700u);
+    EXPECT_TRUE(t.Exists(keys[i]));
+  }
+  EXPECT_EQ(Slurp(dir_.path() + "/test-model_de3bba26cf36/config.json"),
+            *FsFieldsConfigJson(Fields()));
+  EXPECT_EQ(t.xattr_records(), !GetParam());
+
+  FsJobResult ld = RunJob(t, false, keys, {4, 5, 6, 7});
+  EXPECT_TRUE(ld.success);
+  for (uint64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(ld.blocks[i].outcome, FsBlockOutcome::kOk);
+    EXPECT_TRUE(ld.blocks[i].verified);
+    EXPECT_TRUE(rows.Matches(4 + i, 100 + i)) << i;
+  }
+  // A second store of a block that exists is skipped (vLLM), not rewritten.
+  rows.Fill(0, 999);
+  FsJobResult again = RunJob(t, true, {keys[0]}, {0});
+  EXPECT_TRUE(again.success);
+  EXPECT_EQ(again.blocks[0].outcome, FsBlockOutcome::kSkipped);
+  FsJobResult miss = RunJob(t, false, {Key(42)}, {0});
+  EXPECT_FALSE(miss.success);
+  EXPECT_EQ(miss.blocks[0].outcome, FsBlockOutcome::kMiss);
+}
+
+TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
+  Rows rows(8);
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsTier& t = **tier;
+  for (uint64_t i = 0; i < 4; ++i) rows.Fill(i, 7 + i);
+  std::vector<FsBlockKey> keys = {Key(10), Key(11), Key(12), Key(13)};
+  ASSERT_TRUE(RunJob(t, true, keys, {0, 1, 2, 3}).success);
+
+  // 10: truncated; 11: one bit flipped; 13: grown by a byte.
+  ASSERT_EQ(::truncate(BlockPath(t, dir_.path(), keys[0]).c_str(), kRow - 100), 0);
+  {
+    std::fstream f(BlockPath(t, dir_.path(), keys[1]),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1234);
+    char c = static_cast<char>(rows.row(1)[1234] ^ 0x10);
+    f.write(&c, 1);
+  }
+  { std::ofstream(BlockPath(t, dir_.path(), keys[3]), std::ios::app | std::ios::binary) << 'x'; }
+  FsJobResult ld = RunJob(t, false, keys, {4, 5, 6, 7});
+  EXPECT_FALSE(ld.success);
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_EQ(ld.blocks[1].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_NE(ld.blocks[1].status.message().find("checksum mismatch"), std::string::npos);
+  EXPECT_EQ(ld.blocks[2].outcome, FsBlockOutcome::kOk);  // other blocks unharmed
+  EXPECT_TRUE(rows.Matches(6, 9));
+  EXPECT_EQ(ld.blocks[3].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_EQ(ld.bytes, kRow);
+  for (int i : {0, 1, 3}) {
+    EXPECT_FALSE(stdfs::exists(BlockPath(t, dir_.path(), keys[i]))) << i;
+    EXPECT_FALSE(t.Exists(keys[i]));
+  }
+  // Removed blocks are misses afterwards, and can be stored again.
+  EXPECT_EQ(RunJob(t, false, {keys[1]}, {5}).blocks[0].outcome, FsBlockOutcome::kMiss);
+  EXPECT_EQ(RunJob(t, true, {keys[1]}, {1}).blocks[0].outcome, FsBlockOutcome::kOk);
+  EXPECT_EQ(RunJob(t, false, {keys[1]}, {5}).blocks[0].outcome, FsBlockOutcome::kOk);
+  EXPECT_TRUE(rows.Matches(5, 8));
+}
+
+TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
+  Rows rows(2);
+  FsTierOptions o = Opts();
+  std::string path;
+  {
+    auto tier = FsTier::Open(o, rows.region());
+    ASSERT_TRUE(tier.ok());
+    path = BlockPath(**tier, dir_.path(), Key(5));
+  }
+  // A block written by vLLM: the raw row, no kvo record.
+  stdfs::create_directories(stdfs::path(path).parent_path());
+  rows.Fill(0, 55);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(rows.row(0)), kRow);
+  {
+    auto tier = FsTier::Open(o, rows.region());
+    ASSERT_TRUE(tier.ok());
+    FsJobResult ld = RunJob(**tier, false, {Key(5)}, {1});
+    EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kOk);
+    EXPECT_FALSE(ld.blocks[0].verified);
+    EXPECT_TRUE(rows.Matches(1, 55));
+  }
+  o.require_checksum = true;
+  auto tier = FsTier::Open(o, rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsJobResult ld = RunJob(**tier, false, {Key(5)}, {1});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_FALSE(stdfs::exists(path));
+}
+
+TEST_P(FsTierTest, NoSymlinkIsFollowed) {
+  Rows rows(4);
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsTier& t = **tier;
+  testing::TempDir outside;
+  const std::string secret = outside.path() + "/secret";
+  std::ofstream(secret) << "do not touch";
+
+  // A .bin that is a symlink to a file outside: load is a miss (link removed, target intact),
+  // store refuses to write through it.
+  const std::string p1 = BlockPath(t, dir_.path(), Key(1));
+  stdfs::create_directories(stdfs::path(p1).parent_path());
+  stdfs::create_symlink(secret, p1);
+  FsJobResult st = RunJob(t, true, {Key(1)}, {0});
+  EXPECT_EQ(st.blocks[0].outcome, FsBlockOutcome::kError);
+  EXPECT_EQ(Slurp(secret), "do not touch");
+  FsJobResult ld = RunJob(t, false, {Key(1)}, {1});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_EQ(Slurp(secret), "do not touch");
+  EXPECT_FALSE(stdfs::is_symlink(p1));
+
+  // A directory component that is a symlink to a directory outside: nothing lands outside.
+  const std::string p2 = BlockPath(t, dir_.path(), Key(2));
+  const stdfs::path leaf = stdfs::path(p2).parent_path();
+  stdfs::create_directories(leaf.parent_path());
+  stdfs::create_symlink(outside.path(), leaf);
+  rows.Fill(0, 3);
+  st = RunJob(t, true, {Key(2)}, {0});
+  EXPECT_EQ(st.blocks[0].outcome, FsBlockOutcome::kError);
+  EXPECT_NE(st.blocks[0].status.message().find("symlink"), std::string::npos);
+  EXPECT_EQ(std::distance(stdfs::directory_iterator(outside.path()), stdfs::directory_iterator()),
+            1);
+  ld = RunJob(t, false, {Key(2)}, {1});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+
+  // root_dir itself a symlink: refused.
+  const std::string link_root = outside.path() + "/root-link";
+  stdfs::create_symlink(dir_.path(), link_root);
+  FsTierOptions o = Opts();
+  o.root_dir = link_root;
+  EXPECT_EQ(FsTier::Open(o, rows.region()).status().code(), StatusCode::kFailedPrecondition);
+
+  auto scan = t.Scan();
+  ASSERT_TRUE(scan.ok());
+  bool reported = false;
+  for (const auto& p : scan->problems)
+    reported = reported || p.find("symlink") != std::string::npos;
+  EXPECT_TRUE(reported);
+}
+
+TEST_P(FsTierTest, RejectsBadJobs) {
+  Rows rows(2);
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsTier& t = **tier;
+  auto bad = t.SubmitStore({FsBlockKey{"../../../etc/passwd", 0}}, {0});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("block hash"), std::string::npos);
+  EXPECT_EQ(t.SubmitLoad({FsBlockKey{"ABCDEF01", 0}}, {0}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.SubmitStore({Key(1)}, {2}).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(t.SubmitStore({Key(1)}, {-1}).status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(t.SubmitStore({Key(1)}, {0, 1}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.SubmitStore({}, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.Wait(999).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(t.Exists(FsBlockKey{"../x", 0}));
+  EXPECT_FALSE(t.Delete(FsBlockKey{"../x", 0}).ok());
+  std::vector<FsJobResult> none;
+  t.GetFinished(&none);
+  EXPECT_TRUE(none.empty());
+}
+
+TEST_P(FsTierTest, ScanRebuildsContentsAndValidatesNames) {
+  Rows rows(4);
+  std::string rank_dir;
+  std::set<FsBlockKey> stored;
+  {
+    auto tier = FsTier::Open(Opts(), rows.region());
+    ASSERT_TRUE(tier.ok());
+    std::vector<FsBlockKey> keys;
+    std::vector<int64_t> slots;
+    for (uint64_t i = 0; i < 20; ++i) {
+      keys.push_back(Key(i, static_cast<uint32_t>(i % 3)));
+      slots.push_back(static_cast<int64_t>(i % 4));
+      stored.insert(keys.back());
+    }
+    ASSERT_TRUE(RunJob(**tier, true, keys, slots).success);
+    rank_dir = (*tier)->rank_dir();
+  }
+  // Debris: a crash's temp file, a foreign file, a misplaced hash, a wrong-size block, bad dirs.
+  const FsBlockKey k0 = Key(0, 0);
+  const std::string leaf = rank_dir + "/" + k0.hex.substr(0, 3) + "/" + k0.hex.substr(3, 2) + "_g0";
+  std::ofstream(leaf + "/" + k0.hex + ".bin_123.tmp") << "partial";
+  std::ofstream(leaf + "/README") << "x";
+  std::ofstream(leaf + "/ffffffffffffffff.bin") << std::string(kRow, 'x');
+  stdfs::create_directories(rank_dir + "/ABC");
+  stdfs::create_directories(rank_dir + "/abc/zz_g1");
+  const FsBlockKey wrong{"abcde00000000000", 4};
+  stdfs::create_directories(rank_dir + "/abc/de_g4");
+  std::ofstream(rank_dir + "/abc/de_g4/abcde00000000000.bin") << "short";
+
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok());
+  auto scan = (*tier)->Scan();
+  ASSERT_TRUE(scan.ok()) << scan.status().ToString();
+  std::set<FsBlockKey> found(scan->blocks.begin(), scan->blocks.end());
+  EXPECT_EQ(found, stored);
+  EXPECT_EQ(scan->temp_files_removed, 1u);
+  EXPECT_EQ(scan->wrong_size_removed, 1u);
+  EXPECT_FALSE(stdfs::exists(rank_dir + "/abc/de_g4/abcde00000000000.bin"));
+  EXPECT_EQ(scan->problems.size(), 5u);  // README, misplaced, ABC, zz_g1, wrong size
+  for (const auto& p : scan->problems) std::printf("problem: %s\n", p.c_str());
+  // Every listed block loads and verifies.
+  for (const FsBlockKey& k : scan->blocks) {
+    EXPECT_EQ(RunJob(**tier, false, {k}, {0}).blocks[0].outcome, FsBlockOutcome::kOk);
+  }
+  ASSERT_TRUE((*tier)->Delete(k0).ok());
+  EXPECT_FALSE((*tier)->Exists(k0));
+  EXPECT_TRUE((*tier)->Delete(k0).ok());  // absent is fine
+}
+
+INSTANTIATE_TEST_SUITE_P(Records, FsTierTest, ::testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "sidecar" : "xattr"; });
+
+TEST(FsTierOpenTest, BadRootDirIsAClearError) {
+  Rows rows(1);
+  testing::TempDir dir;
+  FsTierOptions o = Options(dir.path() + "/missing");
+  auto t = FsTier::Open(o, rows.region());
+  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(t.status().message().find("does not exist"), std::string::npos);
+  std::ofstream(dir.path() + "/file") << "x";
+  o.root_dir = dir.path() + "/file";
+  EXPECT_EQ(FsTier::Open(o, rows.region()).status().code(), StatusCode::kFailedPrecondition);
+  o.root_dir = "";
+  EXPECT_FALSE(FsTier::Open(o, rows.region()).ok());
+  o.root_dir = dir.path();
+  o.fields.model_name = "";
+  EXPECT_EQ(FsTier::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
+  o.fields.model_name = "m";
+  o.n_read_threads = 0;
+  EXPECT_FALSE(FsTier::Open(o, rows.region()).ok());
+  o.n_read_threads = 1;
+  EXPECT_FALSE(FsTier::Open(o, HostRegion{}).ok());
+}
+
+// Mounting needs privileges; these tests skip cleanly without them.
+class MountedDir {
+ public:
+  MountedDir(const std::string& path, const char* opts, unsigned long flags) : path_(path) {
+    mounted_ = ::mount("tmpfs", path.c_str(), "tmpfs", flags, opts) == 0;
+  }
+  ~MountedDir() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string path_;
+  bool mounted_ = false;
+};
+
+TEST(FsTierOpenTest, ReadOnlyRootDirIsAClearError) {
+  testing::TempDir dir;
+  MountedDir m(dir.path(), "size=1m", MS_RDONLY);
+  if (!m.mounted()) GTEST_SKIP() << "cannot mount a read-only tmpfs here: " << std::strerror(errno);
+  Rows rows(1);
+  auto t = FsTier::Open(Options(dir.path()), rows.region());
+  EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(t.status().message().find("not writable"), std::string::npos) << t.status().ToString();
+}
+
+TEST(FsTierOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
+  testing::TempDir dir;
+  MountedDir m(dir.path(), "size=256k", 0);
+  if (!m.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  Rows rows(64);
+  auto tier = FsTier::Open(Options(dir.path()), rows.region());
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  std::vector<FsBlockKey> keys;
+  std::vector<int64_t> slots;
+  for (uint64_t i = 0; i < 64; ++i) {
+    rows.Fill(i, 1000 + i);
+    keys.push_back(Key(i));
+    slots.push_back(static_cast<int64_t>(i));
+  }
+  FsJobResult st = RunJob(**tier, true, keys, slots);
+  EXPECT_FALSE(st.success);
+  size_t ok = 0, full = 0;
+  for (const auto& b : st.blocks) {
+    if (b.outcome == FsBlockOutcome::kOk) ++ok;
+    if (b.outcome == FsBlockOutcome::kError && b.status.code() == StatusCode::kOutOfSpace) ++full;
+  }
+  EXPECT_GT(ok, 0u);
+  EXPECT_GT(full, 0u);
+  EXPECT_EQ(ok + full, keys.size());
+  // Every block that was stored loads back intact; no temp file is left behind.
+  std::memset(rows.mem, 0, rows.num * rows.stride);
+  std::vector<int64_t> back;
+  for (uint64_t i = 0; i < 64; ++i) back.push_back(static_cast<int64_t>(i));
+  FsJobResult ld = RunJob(**tier, false, keys, back);
+  for (uint64_t i = 0; i < 64; ++i) {
+    if (st.blocks[i].outcome == FsBlockOutcome::kOk) {
+      EXPECT_EQ(ld.blocks[i].outcome, FsBlockOutcome::kOk) << i;
+      EXPECT_TRUE(rows.Matches(i, 1000 + i)) << i;
+    } else {
+      EXPECT_EQ(ld.blocks[i].outcome, FsBlockOutcome::kMiss) << i;
+    }
+  }
+  auto scan = (*tier)->Scan(1e9);  // nothing old enough: counts only
+  ASSERT_TRUE(scan.ok());
+  EXPECT_EQ(scan->temp_files_removed, 0u);
+  for (const auto& e : stdfs::recursive_directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  }
+}
+
+// kill -9 while a child process stores continuously: a restarted tier never serves a torn block,
+// and every block the child reported complete is there.
+TEST(FsTierCrashTest, KillDuringWriteNeverServesTornBlocks) {
+  const unsigned seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  testing::TempDir dir;
+  const uint64_t row = 64 * 1024;
+  const int kill_after = 20 + static_cast<int>(rng() % 200);
+  std::printf("killing the writer after %d reported blocks\n", kill_after);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    Rows rows(16, row);
+    auto tier = FsTier::Open(Options(dir.path()), rows.region());
+    if (!tier.ok()) ::_exit(2);
+    for (uint32_t i = 0;; i += 4) {
+      std::vector<FsBlockKey> keys;
+      std::vector<int64_t> slots;
+      for (uint32_t j = 0; j < 4; ++j) {
+        rows.Fill(j, i + j);
+        keys.push_back(Key(i + j));
+        slots.push_back(j);
+      }
+      auto id = (*tier)->SubmitStore(keys, slots);
+      if (!id.ok() || !(*tier)->Wait(*id).ok()) ::_exit(3);
+      std::vector<FsJobResult> done;
+      (*tier)->GetFinished(&done);
+      for (uint32_t j = 0; j < 4; ++j) {
+        if (done[0].blocks[j].outcome != FsBlockOutcome::kOk) ::_exit(4);
+        uint32_t n = i + j;
+        if (::write(fds[1], &n, sizeof(n)) != sizeof(n)) ::_exit(5);
+      }
+    }
+  }
+  ::close(fds[1]);
+  std::vector<uint32_t> reported;
+  while (static_cast<int>(reported.size()) < kill_after) {
+    uint32_t n;
+    ASSERT_EQ(::read(fds[0], &n, sizeof(n)), static_cast<ssize_t>(sizeof(n)));
+    reported.push_back(n);
+  }
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "writer exited with " << WEXITSTATUS(status);
+  uint32_t n;
+  while (::read(fds[0], &n, sizeof(n)) == static_cast<ssize_t>(sizeof(n))) reported.push_back(n);
+  ::close(fds[0]);
+
+  Rows rows(1, row);
+  auto tier = FsTier::Open(Options(dir.path()), rows.region());
+  ASSERT_TRUE(tier.ok());
+  auto scan = (*tier)->Scan();
+  ASSERT_TRUE(scan.ok());
+  std::set<FsBlockKey> found(scan->blocks.begin(), scan->blocks.end());
+  for (uint32_t r : reported) EXPECT_TRUE(found.count(Key(r))) << "reported block " << r;
+  // Every block the restarted tier serves is whole and verified.
+  uint32_t max_written = reported.empty() ? 0 : *std::max_element(reported.begin(), reported.end());
+  for (uint32_t i = 0; i <= max_written + 8; ++i) {
+    if (!found.count(Key(i))) continue;
+    FsJobResult ld = RunJob(**tier, false, {Key(i)}, {0});
+    ASSERT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kOk) << i;
+    EXPECT_TRUE(ld.blocks[0].verified);
+    EXPECT_TRUE(rows.Matches(0, i)) << "block " << i << " served torn";
+  }
+  std::printf("reported %zu, found %zu, temp files removed %llu\n", reported.size(), found.size(),
+              static_cast<unsigned long long>(scan->temp_files_removed));
+}
+
+}  // namespace
+}  // namespace kvo

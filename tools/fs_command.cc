@@ -1,0 +1,101 @@
+// kvo fs scan|verify|du --root-dir DIR [--json]: inspect a file-tier root directory (kvo's or
+// vLLM's; the layout is the same).
+//   scan    namespaces (digest checked against config.json), rank directories, blocks per group,
+//           temp files and anything that does not belong; --blocks lists every block.
+//   verify  as scan, and reads every block checking its integrity record (xattr or sidecar);
+//           exit status 1 when a block is corrupt; --remove-corrupt deletes them.
+//   du      bytes per namespace and rank (apparent and allocated).
+// Nothing is modified except with --remove-corrupt. Symlinks are reported, never followed.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tools/commands.h"
+#include "transfer/transfer.h"
+
+namespace kvo::cli {
+namespace {
+
+struct FsArgs {
+  std::string root_dir;
+  bool json = false;
+  bool blocks = false;
+  bool remove_corrupt = false;
+};
+
+void Run(const std::string& mode, const FsArgs& args) {
+  FsInspectOptions o;
+  o.verify = mode == "verify";
+  o.remove_corrupt = args.remove_corrupt;
+  o.list_blocks = args.blocks;
+  auto report = InspectFsRoot(args.root_dir, o);
+  if (!report.ok()) {
+    Fail(report.status());
+    return;
+  }
+  if (mode == "du") {
+    if (args.json) {
+      nlohmann::ordered_json j;
+      j["root_dir"] = report->root_dir;
+      j["bytes"] = report->bytes;
+      j["disk_bytes"] = report->disk_bytes;
+      j["blocks"] = report->blocks;
+      nlohmann::ordered_json dirs = nlohmann::ordered_json::array();
+      for (const auto& n : report->namespaces) {
+        for (const auto& r : n.ranks) {
+          dirs.push_back({{"dir", r.dir},
+                          {"blocks", r.blocks},
+                          {"bytes", r.bytes},
+                          {"disk_bytes", r.disk_bytes}});
+        }
+      }
+      j["dirs"] = dirs;
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      for (const auto& n : report->namespaces) {
+        for (const auto& r : n.ranks) {
+          std::printf("%14llu %14llu %8llu  %s\n", static_cast<unsigned long long>(r.bytes),
+                      static_cast<unsigned long long>(r.disk_bytes),
+                      static_cast<unsigned long long>(r.blocks), r.dir.c_str());
+        }
+      }
+      std::printf("%14llu %14llu %8llu  total (bytes, on disk, blocks)\n",
+                  static_cast<unsigned long long>(report->bytes),
+                  static_cast<unsigned long long>(report->disk_bytes),
+                  static_cast<unsigned long long>(report->blocks));
+    }
+    return;
+  }
+  if (args.json) {
+    std::printf("%s\n", FsRootReportJson(*report, args.blocks).c_str());
+  } else {
+    std::printf("%s", FsRootReportText(*report, args.blocks).c_str());
+  }
+  if (o.verify && report->corrupt > 0) SetExitCode(1);
+}
+
+}  // namespace
+
+void AddFsCommand(CLI::App& app) {
+  auto* fs = app.add_subcommand("fs", "Inspect a file-tier root directory (vLLM layout)");
+  fs->require_subcommand(1);
+  for (const char* mode : {"scan", "verify", "du"}) {
+    const char* help = std::string(mode) == "scan"     ? "List namespaces and blocks"
+                       : std::string(mode) == "verify" ? "Verify every block's checksum"
+                                                       : "Report space used";
+    auto* sub = fs->add_subcommand(mode, help);
+    auto args = std::make_shared<FsArgs>();
+    sub->add_option("--root-dir", args->root_dir, "the tier's root_dir")->required();
+    sub->add_flag("--json", args->json, "one JSON object");
+    if (std::string(mode) == "scan") sub->add_flag("--blocks", args->blocks, "list every block");
+    if (std::string(mode) == "verify") {
+      sub->add_flag("--remove-corrupt", args->remove_corrupt, "delete corrupt blocks");
+    }
+    std::string m = mode;
+    sub->callback([m, args] { Run(m, *args); });
+  }
+}
+
+}  // namespace kvo::cli

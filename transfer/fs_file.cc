@@ -1,0 +1,550 @@
+#include "transfer/fs_file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <random>
+
+namespace kvo::fs_internal {
+namespace {
+
+constexpr uint64_t kDirectAlign = 4096;
+
+Status Errno(std::string_view what, std::string_view name, int err) {
+  std::string m = std::string(what) + " '" + std::string(name) + "': " + std::strerror(err);
+  if (err == ENOSPC || err == EDQUOT) return Status::OutOfSpace(std::move(m));
+  if (err == ENOENT) return Status::NotFound(std::move(m));
+  if (err == EROFS || err == EACCES || err == EPERM) {
+    return Status::FailedPrecondition(std::move(m));
+  }
+  return Status::IOError(std::move(m));
+}
+
+void PutU64(std::string* s, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+
+ private:
+  int fd_;
+};
+
+bool Aligned(const void* p, size_t n) {
+  return reinterpret_cast<uintptr_t>(p) % kDirectAlign == 0 && n % kDirectAlign == 0;
+}
+
+Status WriteAll(int fd, const void* data, size_t n, std::string_view name) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(done));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Errno("write", name, errno);
+    }
+    if (w == 0) return Status::IOError("write '" + std::string(name) + "': wrote nothing");
+    done += static_cast<size_t>(w);
+  }
+  return Status::Ok();
+}
+
+// Reads up to n bytes; returns how many were read (short only at end of file).
+Result<size_t> ReadAll(int fd, void* data, size_t n, std::string_view name) {
+  char* p = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Errno("read", name, errno);
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+// The record of an open .bin: nullopt when none is recorded; a string of the raw bytes else.
+Result<std::optional<std::string>> LoadRecord(const Dir& dir, int fd, const std::string& name,
+                                              ChecksumStore store) {
+  char buf[64];
+  if (store == ChecksumStore::kXattr) {
+    ssize_t n = ::fgetxattr(fd, kXattrName, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == ENODATA || errno == ENOTSUP) return std::optional<std::string>();
+      if (errno == ERANGE) return std::optional<std::string>(std::string(65, 'x'));  // too long
+      return Errno("read integrity record of", name, errno);
+    }
+    return std::optional<std::string>(std::string(buf, static_cast<size_t>(n)));
+  }
+  const std::string side = name + kSidecarSuffix;
+  Fd sfd(::openat(dir.fd(), side.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (sfd.get() < 0) {
+    if (errno == ENOENT) return std::optional<std::string>();
+    if (errno == ELOOP) return std::optional<std::string>(std::string());  // invalid record
+    return Errno("open integrity sidecar", side, errno);
+  }
+  KVO_ASSIGN_OR_RETURN(size_t n, ReadAll(sfd.get(), buf, sizeof(buf), side));
+  return std::optional<std::string>(std::string(buf, n));
+}
+
+// Removes `name` if it is still the inode `st` describes (a concurrent writer may have renamed a
+// fresh file over it).
+void RemoveIfSame(const Dir& dir, const std::string& name, const struct stat& st) {
+  struct stat now {};
+  if (::fstatat(dir.fd(), name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (now.st_ino != st.st_ino || now.st_dev != st.st_dev) return;
+  ::unlinkat(dir.fd(), name.c_str(), 0);
+  ::unlinkat(dir.fd(), (name + kSidecarSuffix).c_str(), 0);
+}
+
+Result<ReadResult> CheckBody(const Dir& dir, int fd, const std::string& name, const void* data,
+                             size_t n, ChecksumStore store, bool require) {
+  ReadResult out;
+  KVO_ASSIGN_OR_RETURN(std::optional<std::string> raw, LoadRecord(dir, fd, name, store));
+  if (!raw.has_value()) {
+    if (require) {
+      out.outcome = ReadOutcome::kCorrupt;
+      out.detail = "no integrity record";
+    } else {
+      out.outcome = ReadOutcome::kOk;
+    }
+    return out;
+  }
+  std::optional<IntegrityRecord> rec = DecodeRecord(*raw);
+  if (!rec.has_value()) {
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = "malformed integrity record";
+  } else if (rec->length != n) {
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = "integrity record says " + std::to_string(rec->length) + " bytes, file has " +
+                 std::to_string(n);
+  } else if (rec->xxh3 != Xxh3(data, n)) {
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = "checksum mismatch";
+  } else {
+    out.outcome = ReadOutcome::kOk;
+    out.verified = true;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EncodeRecord(const IntegrityRecord& r) {
+  std::string s("kvo1", 4);
+  s.append(4, '\0');
+  PutU64(&s, r.length);
+  PutU64(&s, r.xxh3);
+  return s;
+}
+
+std::optional<IntegrityRecord> DecodeRecord(std::string_view b) {
+  if (b.size() != kRecordBytes || b.substr(0, 4) != "kvo1") return std::nullopt;
+  if (b.substr(4, 4) != std::string_view("\0\0\0\0", 4)) return std::nullopt;
+  return IntegrityRecord{GetU64(b.data() + 8), GetU64(b.data() + 16)};
+}
+
+uint64_t Xxh3(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+Dir::~Dir() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Dir& Dir::operator=(Dir&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Result<Dir> OpenRootDir(const std::string& path) {
+  if (path.empty()) return Status::InvalidArgument("root_dir is empty");
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) return Status::NotFound("root_dir '" + path + "' does not exist");
+    if (err == ENOTDIR || err == ELOOP) {
+      return Status::FailedPrecondition("root_dir '" + path +
+                                        "' is not a directory (or is a symlink)");
+    }
+    return Errno("open root_dir", path, err);
+  }
+  return Dir(fd);
+}
+
+Result<Dir> OpenChildDir(const Dir& parent, std::string_view name, bool create, uint32_t dir_mode,
+                         std::string_view what) {
+  const std::string n(name);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    int fd = ::openat(parent.fd(), n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) return Dir(fd);
+    int err = errno;
+    if (err == ENOTDIR || err == ELOOP) {
+      return Status::FailedPrecondition(std::string(what) + " '" + n +
+                                        "' is a symlink or not a directory; not followed");
+    }
+    if (err != ENOENT) return Errno(std::string("open ") + std::string(what), n, err);
+    if (!create) return Status::NotFound(std::string(what) + " '" + n + "' does not exist");
+    if (::mkdirat(parent.fd(), n.c_str(), static_cast<mode_t>(dir_mode)) != 0 && errno != EEXIST) {
+      return Errno(std::string("create ") + std::string(what), n, errno);
+    }
+  }
+  return Status::IOError(std::string(what) + " '" + n + "' vanished while being created");
+}
+
+uint64_t RandomU63() {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                   (static_cast<uint64_t>(::getpid()) << 32) ^
+                                   reinterpret_cast<uintptr_t>(&rng));
+  return rng() >> 1;
+}
+
+Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, const void* data,
+                                     size_t n, const WriteOptions& opts) {
+  struct stat st {};
+  if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return Status::FailedPrecondition("'" + name +
+                                        "' exists and is not a regular file (symlink?); not "
+                                        "written");
+    }
+    return WriteOutcome::kExisted;
+  }
+  if (errno != ENOENT) return Errno("stat", name, errno);
+
+  const std::string tmp = name + "_" + std::to_string(RandomU63()) + ".tmp";
+  int flags = O_CREAT | O_EXCL | O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC;
+  const bool direct = opts.o_direct && Aligned(data, n);
+  int fd = ::openat(dir.fd(), tmp.c_str(), flags | (direct ? O_DIRECT : 0),
+                    static_cast<mode_t>(opts.file_mode));
+  if (fd < 0 && direct && errno == EINVAL) {
+    fd = ::openat(dir.fd(), tmp.c_str(), flags, static_cast<mode_t>(opts.file_mode));
+  }
+  if (fd < 0) return Errno("create", tmp, errno);
+  Fd file(fd);
+  auto fail = [&](Status s) -> Result<WriteOutcome> {
+    ::unlinkat(dir.fd(), tmp.c_str(), 0);
+    return s;
+  };
+  Status s = WriteAll(file.get(), data, n, tmp);
+  if (!s.ok()) return fail(s);
+  if (opts.write_checksum) {
+    const std::string rec = EncodeRecord({n, Xxh3(data, n)});
+    if (opts.checksum == ChecksumStore::kXattr) {
+      if (::fsetxattr(file.get(), kXattrName, rec.data(), rec.size(), 0) != 0) {
+        return fail(Errno("set integrity record on", tmp, errno));
+      }
+    } else {
+      WriteOptions side = opts;
+      side.o_direct = false;
+      side.write_checksum = false;
+      const std::string side_name = name + kSidecarSuffix;
+      // A stale sidecar (of a block removed since) is replaced.
+      ::unlinkat(dir.fd(), side_name.c_str(), 0);
+      auto r = WriteFileAtomic(dir, side_name, rec.data(), rec.size(), side);
+      if (!r.ok()) return fail(r.status());
+    }
+  }
+  if (::close(file.release()) != 0) return fail(Errno("close", tmp, errno));
+  if (::renameat(dir.fd(), tmp.c_str(), dir.fd(), name.c_str()) != 0) {
+    return fail(Errno("rename to", name, errno));
+  }
+  return WriteOutcome::kWritten;
+}
+
+Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, void* data, size_t n,
+                                    const ReadOptions& opts) {
+  ReadResult out;
+  const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
+  const bool direct = opts.o_direct && Aligned(data, n);
+  int fd = ::openat(dir.fd(), name.c_str(), flags | (direct ? O_DIRECT : 0));
+  if (fd < 0 && direct && errno == EINVAL) fd = ::openat(dir.fd(), name.c_str(), flags);
+  if (fd < 0) {
+    if (errno == ENOENT) return out;  // kMissing
+    if (errno == ELOOP) {
+      if (opts.remove_corrupt) ::unlinkat(dir.fd(), name.c_str(), 0);  // the link, not its target
+      out.outcome = ReadOutcome::kCorrupt;
+      out.detail = "symlink (not followed)";
+      return out;
+    }
+    return Errno("open", name, errno);
+  }
+  Fd file(fd);
+  struct stat st {};
+  if (::fstat(file.get(), &st) != 0) return Errno("stat", name, errno);
+  auto corrupt = [&](std::string why) {
+    if (opts.remove_corrupt) RemoveIfSame(dir, name, st);
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = std::move(why);
+    return out;
+  };
+  if (!S_ISREG(st.st_mode)) {
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = "not a regular file";
+    return out;
+  }
+  if (static_cast<uint64_t>(st.st_size) != n) {
+    return corrupt("size " + std::to_string(st.st_size) + ", expected " + std::to_string(n));
+  }
+  KVO_ASSIGN_OR_RETURN(size_t got, ReadAll(file.get(), data, n, name));
+  if (got != n) return corrupt("short read: " + std::to_string(got) + " of " + std::to_string(n));
+  KVO_ASSIGN_OR_RETURN(ReadResult checked, CheckBody(dir, file.get(), name, data, n, opts.checksum,
+                                                     opts.require_checksum));
+  if (checked.outcome == ReadOutcome::kCorrupt) return corrupt(checked.detail);
+  return checked;
+}
+
+Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, ChecksumStore checksum,
+                              bool remove_corrupt) {
+  int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  ReadResult out;
+  if (fd < 0) {
+    if (errno == ENOENT) return out;
+    if (errno == ELOOP) {
+      out.outcome = ReadOutcome::kCorrupt;
+      out.detail = "symlink (not followed)";
+      if (remove_corrupt) ::unlinkat(dir.fd(), name.c_str(), 0);
+      return out;
+    }
+    return Errno("open", name, errno);
+  }
+  Fd file(fd);
+  struct stat st {};
+  if (::fstat(file.get(), &st) != 0) return Errno("stat", name, errno);
+  if (!S_ISREG(st.st_mode)) {
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = "not a regular file";
+    return out;
+  }
+  std::unique_ptr<char[]> buf(new char[static_cast<size_t>(st.st_size) + 1]);
+  KVO_ASSIGN_OR_RETURN(size_t got,
+                       ReadAll(file.get(), buf.get(), static_cast<size_t>(st.st_size), name));
+  KVO_ASSIGN_OR_RETURN(ReadResult checked,
+                       CheckBody(dir, file.get(), name, buf.get(), got, checksum, false));
+  if (checked.outcome == ReadOutcome::kCorrupt && remove_corrupt) RemoveIfSame(dir, name, st);
+  return checked;
+}
+
+Status RemoveBlockFile(const Dir& dir, const std::string& name) {
+  if (::unlinkat(dir.fd(), name.c_str(), 0) != 0 && errno != ENOENT) {
+    return Errno("remove", name, errno);
+  }
+  const std::string side = name + kSidecarSuffix;
+  if (::unlinkat(dir.fd(), side.c_str(), 0) != 0 && errno != ENOENT) {
+    return Errno("remove", side, errno);
+  }
+  return Status::Ok();
+}
+
+Result<Probe> ProbeDir(const Dir& dir, std::string_view what) {
+  Probe p;
+  const std::string name = ".kvo-probe-" + std::to_string(RandomU63()) + ".tmp";
+  int fd = ::openat(dir.fd(), name.c_str(),
+                    O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC | O_DIRECT, 0600);
+  if (fd >= 0) {
+    void* buf = std::aligned_alloc(kDirectAlign, kDirectAlign);
+    std::memset(buf, 0, kDirectAlign);
+    p.o_direct = ::pwrite(fd, buf, kDirectAlign, 0) == static_cast<ssize_t>(kDirectAlign);
+    std::free(buf);
+  } else {
+    fd = ::openat(dir.fd(), name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC,
+                  0600);
+    if (fd < 0) {
+      Status s = Errno(std::string(what) + " is not writable: create", name, errno);
+      return s;
+    }
+  }
+  p.xattr = ::fsetxattr(fd, kXattrName, "probe", 5, 0) == 0;
+  ::close(fd);
+  ::unlinkat(dir.fd(), name.c_str(), 0);
+  return p;
+}
+
+}  // namespace kvo::fs_internal
+
+namespace kvo::fs_internal {
+namespace {
+
+struct Listed {
+  std::string name;
+  struct stat st {};
+  bool stat_ok = false;
+};
+
+Result<std::vector<Listed>> ListWithStat(const Dir& dir, std::string_view what) {
+  int fd = ::dup(dir.fd());
+  if (fd < 0) return Errno("dup", what, errno);
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    int err = errno;
+    ::close(fd);
+    return Errno("list", what, err);
+  }
+  ::rewinddir(d);
+  std::vector<Listed> out;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string_view n(e->d_name);
+    if (n == "." || n == "..") continue;
+    Listed l;
+    l.name = std::string(n);
+    l.stat_ok = ::fstatat(dir.fd(), e->d_name, &l.st, AT_SYMLINK_NOFOLLOW) == 0;
+    out.push_back(std::move(l));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end(),
+            [](const Listed& a, const Listed& b) { return a.name < b.name; });
+  return out;
+}
+
+double AgeSeconds(const struct stat& st) {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
+         static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) / 1e9;
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+Status WalkRankDir(
+    const Dir& rank,
+    const std::function<void(const WalkEntry&, const Dir&, const std::string&)>& fn) {
+  KVO_ASSIGN_OR_RETURN(std::vector<Listed> level1, ListWithStat(rank, "rank directory"));
+  auto emit_other = [&](const Listed& l, const std::string& rel, const Dir& dir, std::string why) {
+    WalkEntry e;
+    e.rel_path = rel;
+    if (l.stat_ok && S_ISLNK(l.st.st_mode)) {
+      e.kind = WalkEntry::Kind::kSymlink;
+      e.why = "symlink (not followed)";
+    } else {
+      e.kind = WalkEntry::Kind::kInvalid;
+      e.why = std::move(why);
+    }
+    fn(e, dir, l.name);
+  };
+  for (const Listed& l1 : level1) {
+    const std::string rel1 = l1.name;
+    if (!l1.stat_ok || !S_ISDIR(l1.st.st_mode) || !ParseDir1Name(l1.name)) {
+      emit_other(l1, rel1, rank, "not a <3 hex digits> directory");
+      continue;
+    }
+    auto d1 = OpenChildDir(rank, l1.name, false, 0700, "directory");
+    if (!d1.ok()) {
+      emit_other(l1, rel1, rank, d1.status().ToString());
+      continue;
+    }
+    auto level2 = ListWithStat(*d1, rel1);
+    if (!level2.ok()) {
+      emit_other(l1, rel1, rank, level2.status().ToString());
+      continue;
+    }
+    for (const Listed& l2 : *level2) {
+      const std::string rel2 = rel1 + "/" + l2.name;
+      std::string two;
+      std::optional<uint32_t> group;
+      if (l2.stat_ok && S_ISDIR(l2.st.st_mode)) group = ParseDir2Name(l2.name, &two);
+      if (!group) {
+        emit_other(l2, rel2, *d1, "not a <2 hex digits>_g<group> directory");
+        continue;
+      }
+      auto d2 = OpenChildDir(*d1, l2.name, false, 0700, "directory");
+      if (!d2.ok()) {
+        emit_other(l2, rel2, *d1, d2.status().ToString());
+        continue;
+      }
+      auto files = ListWithStat(*d2, rel2);
+      if (!files.ok()) {
+        emit_other(l2, rel2, *d1, files.status().ToString());
+        continue;
+      }
+      for (const Listed& f : *files) {
+        WalkEntry e;
+        e.rel_path = rel2 + "/" + f.name;
+        if (!f.stat_ok || !S_ISREG(f.st.st_mode)) {
+          emit_other(f, e.rel_path, *d2, "not a regular file");
+          continue;
+        }
+        e.size = static_cast<uint64_t>(f.st.st_size);
+        e.disk_bytes = static_cast<uint64_t>(f.st.st_blocks) * 512;
+        e.age_seconds = AgeSeconds(f.st);
+        if (EndsWith(f.name, ".tmp")) {
+          e.kind = WalkEntry::Kind::kTemp;
+        } else if (EndsWith(f.name, std::string(".bin") + kSidecarSuffix)) {
+          e.kind = WalkEntry::Kind::kSidecar;
+        } else if (auto hex = ParseBlockFileName(f.name)) {
+          if (hex->substr(0, 3) != l1.name || hex->substr(3, 2) != two) {
+            e.kind = WalkEntry::Kind::kInvalid;
+            e.why = "hash does not belong in this directory";
+          } else {
+            e.kind = WalkEntry::Kind::kBlock;
+            e.key = FsBlockKey{*hex, *group};
+          }
+        } else {
+          e.kind = WalkEntry::Kind::kInvalid;
+          e.why = "not <hex>.bin";
+        }
+        fn(e, *d2, f.name);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvo::fs_internal
+
+namespace kvo::fs_internal {
+
+Result<std::vector<DirEntry>> ListDirEntries(const Dir& dir, std::string_view what) {
+  KVO_ASSIGN_OR_RETURN(std::vector<Listed> listed, ListWithStat(dir, what));
+  std::vector<DirEntry> out;
+  for (const Listed& l : listed) {
+    DirEntry e;
+    e.name = l.name;
+    if (l.stat_ok) {
+      e.is_dir = S_ISDIR(l.st.st_mode);
+      e.is_regular = S_ISREG(l.st.st_mode);
+      e.is_symlink = S_ISLNK(l.st.st_mode);
+      e.size = static_cast<uint64_t>(l.st.st_size);
+      e.disk_bytes = static_cast<uint64_t>(l.st.st_blocks) * 512;
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace kvo::fs_internal

@@ -1,0 +1,250 @@
+#include "transfer/fs_inspect.h"
+
+#include <fcntl.h>
+#include <openssl/sha.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "transfer/fs_file.h"
+
+namespace kvo {
+namespace {
+
+using fs_internal::Dir;
+using fs_internal::WalkEntry;
+
+// Recomputes the digest of a config.json the way vLLM computes it over its fields.
+bool DigestMatches(const std::string& config_text, const std::string& ns_name,
+                   std::string* model_name) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config_text);
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (!j.is_object()) return false;
+  if (j.contains("model_name") && j["model_name"].is_string()) {
+    *model_name = j["model_name"].get<std::string>();
+  }
+  const std::string compact = j.dump(-1, ' ', true);
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(compact.data()), compact.size(), md);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string digest;
+  for (int i = 0; i < 6; ++i) {
+    digest += kHex[md[i] >> 4];
+    digest += kHex[md[i] & 15];
+  }
+  return ns_name.size() > 13 && ns_name.substr(ns_name.size() - 13) == "_" + digest;
+}
+
+Result<std::string> ReadSmallFile(const Dir& dir, const std::string& name) {
+  std::string buf(1 << 20, '\0');
+  int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound(name);
+  ssize_t n = ::read(fd, buf.data(), buf.size());
+  ::close(fd);
+  if (n < 0) return Status::IOError("read " + name);
+  buf.resize(static_cast<size_t>(n));
+  return buf;
+}
+
+FsRankReport InspectRank(const Dir& root, const std::string& dir_name, uint32_t rank,
+                         const FsInspectOptions& options) {
+  FsRankReport r;
+  r.dir = dir_name;
+  r.rank = rank;
+  auto d = fs_internal::OpenChildDir(root, dir_name, false, 0700, "rank directory");
+  if (!d.ok()) {
+    r.problems.push_back(dir_name + ": " + d.status().message());
+    return r;
+  }
+  Status s = fs_internal::WalkRankDir(
+      *d, [&](const WalkEntry& e, const Dir& leaf, const std::string& name) {
+        r.disk_bytes += e.disk_bytes;
+        const std::string path = dir_name + "/" + e.rel_path;
+        switch (e.kind) {
+          case WalkEntry::Kind::kBlock: {
+            ++r.blocks;
+            r.bytes += e.size;
+            ++r.blocks_per_group[e.key.group];
+            ++r.blocks_per_size[e.size];
+            if (options.list_blocks) r.blocks_list.push_back(e.key);
+            if (!options.verify) break;
+            // Either store works for reading: try the xattr, then the sidecar.
+            auto v = fs_internal::VerifyFile(leaf, name, fs_internal::ChecksumStore::kXattr, false);
+            if (v.ok() && v->outcome == fs_internal::ReadOutcome::kOk && !v->verified) {
+              v = fs_internal::VerifyFile(leaf, name, fs_internal::ChecksumStore::kSidecar, false);
+            }
+            if (!v.ok()) {
+              r.problems.push_back(path + ": " + v.status().message());
+            } else if (v->outcome == fs_internal::ReadOutcome::kCorrupt) {
+              ++r.corrupt;
+              std::string why = path + ": corrupt (" + v->detail + ")";
+              if (options.remove_corrupt) {
+                Status rm = fs_internal::RemoveBlockFile(leaf, name);
+                why += rm.ok() ? ", removed" : ", remove failed: " + rm.message();
+              }
+              r.problems.push_back(why);
+            } else if (v->verified) {
+              ++r.verified;
+            } else {
+              ++r.unverified;
+            }
+            break;
+          }
+          case WalkEntry::Kind::kTemp:
+            ++r.temp_files;
+            break;
+          case WalkEntry::Kind::kSidecar:
+            break;
+          case WalkEntry::Kind::kInvalid:
+          case WalkEntry::Kind::kSymlink:
+            r.problems.push_back(path + ": " + e.why);
+            break;
+        }
+      });
+  if (!s.ok()) r.problems.push_back(dir_name + ": " + s.message());
+  return r;
+}
+
+}  // namespace
+
+Result<FsRootReport> InspectFsRoot(const std::string& root_dir, const FsInspectOptions& options) {
+  KVO_ASSIGN_OR_RETURN(Dir root, fs_internal::OpenRootDir(root_dir));
+  KVO_ASSIGN_OR_RETURN(auto entries, fs_internal::ListDirEntries(root, root_dir));
+  FsRootReport report;
+  report.root_dir = root_dir;
+  std::map<std::string, FsNamespaceReport> namespaces;
+  for (const auto& e : entries) {
+    if (e.is_symlink) {
+      report.problems.push_back(e.name + ": symlink (not followed)");
+      continue;
+    }
+    if (!e.is_dir) {
+      if (e.name.rfind(".kvo-probe-", 0) != 0) {
+        report.problems.push_back(e.name + ": not a directory");
+      }
+      continue;
+    }
+    std::string ns;
+    if (auto rank = ParseRankDirName(e.name, &ns)) {
+      FsNamespaceReport& n = namespaces[ns];
+      n.name = ns;
+      n.ranks.push_back(InspectRank(root, e.name, *rank, options));
+      continue;
+    }
+    auto d = fs_internal::OpenChildDir(root, e.name, false, 0700, "namespace directory");
+    if (!d.ok()) {
+      report.problems.push_back(e.name + ": " + d.status().message());
+      continue;
+    }
+    auto config = ReadSmallFile(*d, "config.json");
+    if (!config.ok()) {
+      report.problems.push_back(e.name + ": neither a namespace (no config.json) nor a rank dir");
+      continue;
+    }
+    FsNamespaceReport& n = namespaces[e.name];
+    n.name = e.name;
+    n.has_config = true;
+    n.digest_matches = DigestMatches(*config, e.name, &n.model_name);
+    if (!n.digest_matches) {
+      report.problems.push_back(e.name + "/config.json: fields do not hash to the name's digest");
+    }
+  }
+  for (auto& [name, n] : namespaces) {
+    if (!n.has_config) report.problems.push_back(name + ": rank directories without config.json");
+    for (const auto& r : n.ranks) {
+      report.blocks += r.blocks;
+      report.bytes += r.bytes;
+      report.disk_bytes += r.disk_bytes;
+      report.corrupt += r.corrupt;
+    }
+    report.namespaces.push_back(std::move(n));
+  }
+  return report;
+}
+
+std::string FsRootReportJson(const FsRootReport& report, bool with_blocks) {
+  using Json = nlohmann::ordered_json;
+  Json j;
+  j["root_dir"] = report.root_dir;
+  j["blocks"] = report.blocks;
+  j["bytes"] = report.bytes;
+  j["disk_bytes"] = report.disk_bytes;
+  j["corrupt"] = report.corrupt;
+  Json nss = Json::array();
+  for (const auto& n : report.namespaces) {
+    Json jn;
+    jn["name"] = n.name;
+    jn["model_name"] = n.model_name;
+    jn["has_config"] = n.has_config;
+    jn["digest_matches"] = n.digest_matches;
+    Json ranks = Json::array();
+    for (const auto& r : n.ranks) {
+      Json jr;
+      jr["dir"] = r.dir;
+      jr["rank"] = r.rank;
+      jr["blocks"] = r.blocks;
+      jr["bytes"] = r.bytes;
+      jr["disk_bytes"] = r.disk_bytes;
+      jr["temp_files"] = r.temp_files;
+      Json groups = Json::object();
+      for (const auto& [g, c] : r.blocks_per_group) groups[std::to_string(g)] = c;
+      jr["blocks_per_group"] = groups;
+      Json sizes = Json::object();
+      for (const auto& [s, c] : r.blocks_per_size) sizes[std::to_string(s)] = c;
+      jr["blocks_per_size"] = sizes;
+      jr["verified"] = r.verified;
+      jr["unverified"] = r.unverified;
+      jr["corrupt"] = r.corrupt;
+      jr["problems"] = r.problems;
+      if (with_blocks) {
+        Json bl = Json::array();
+        for (const auto& k : r.blocks_list) bl.push_back({{"hash", k.hex}, {"group", k.group}});
+        jr["block_list"] = bl;
+      }
+      ranks.push_back(jr);
+    }
+    jn["ranks"] = ranks;
+    nss.push_back(jn);
+  }
+  j["namespaces"] = nss;
+  j["problems"] = report.problems;
+  return j.dump();
+}
+
+std::string FsRootReportText(const FsRootReport& report, bool with_blocks) {
+  std::string out = "root " + report.root_dir + ": " + std::to_string(report.blocks) + " blocks, " +
+                    std::to_string(report.bytes) + " bytes (" + std::to_string(report.disk_bytes) +
+                    " on disk)\n";
+  for (const auto& n : report.namespaces) {
+    out += "namespace " + n.name + " model '" + n.model_name + "'" +
+           (n.has_config ? "" : " [no config.json]") +
+           (n.has_config && !n.digest_matches ? " [digest mismatch]" : "") + "\n";
+    for (const auto& r : n.ranks) {
+      out += "  " + r.dir + ": " + std::to_string(r.blocks) + " blocks, " +
+             std::to_string(r.bytes) + " bytes, " + std::to_string(r.disk_bytes) + " on disk, " +
+             std::to_string(r.temp_files) + " temp files";
+      for (const auto& [g, c] : r.blocks_per_group) {
+        out += ", g" + std::to_string(g) + "=" + std::to_string(c);
+      }
+      if (r.verified + r.unverified + r.corrupt > 0) {
+        out += "; verified " + std::to_string(r.verified) + ", unverified " +
+               std::to_string(r.unverified) + ", corrupt " + std::to_string(r.corrupt);
+      }
+      out += "\n";
+      if (with_blocks) {
+        for (const auto& k : r.blocks_list) {
+          out += "    " + k.hex + " g" + std::to_string(k.group) + "\n";
+        }
+      }
+      for (const auto& p : r.problems) out += "  problem: " + p + "\n";
+    }
+  }
+  for (const auto& p : report.problems) out += "problem: " + p + "\n";
+  return out;
+}
+
+}  // namespace kvo

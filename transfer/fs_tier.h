@@ -1,0 +1,118 @@
+// FsTier: the file-system tier's I/O (vllm-compat.md B.11): CPU rows <-> one file per block at
+// vLLM's paths (transfer/fs_namespace.h), on two thread pools (n_read_threads prefer loads,
+// n_write_threads prefer stores, each falls back to the other queue). Jobs are asynchronous:
+// Submit* return at once; GetFinished hands back per-block results.
+//
+// Beyond vLLM: every block carries an XXH3 integrity record outside the .bin (transfer/fs_file.h);
+// a load verifies it, and a torn, truncated, bit-flipped or symlinked file is a miss, is removed,
+// and is reported per block (kCorrupt). Scan rebuilds the tier's contents from disk (the manager's
+// reconcile) validating every name. No symlink is followed under root_dir; hashes are validated
+// before they become path components; files 0600 and directories 0700 by default.
+//
+// Thread-safety: all methods are thread-safe. The host region must outlive the tier; a job's
+// rows must not be touched by the caller until the job is returned by GetFinished.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "common/status.h"
+#include "transfer/fs_namespace.h"
+#include "transfer/kv_layout.h"
+
+namespace kvo {
+
+struct FsTierOptions {
+  std::string root_dir;
+  FsRunFields fields;
+  uint32_t rank = 0;  // the tier runs in the scheduler: _r0 (B.11)
+  int n_read_threads = 16;
+  int n_write_threads = 16;
+  uint32_t file_mode = 0600;
+  uint32_t dir_mode = 0700;
+  bool try_o_direct = true;            // used when the startup probe shows O_DIRECT works
+  bool require_checksum = false;       // true: a .bin without kvo's record (e.g. vLLM's) is a miss
+  bool force_sidecar_records = false;  // keep records in sidecar files even where xattrs work
+};
+
+enum class FsBlockOutcome : uint8_t {
+  kOk,       // stored / loaded (and verified when a record exists)
+  kSkipped,  // store: the file already existed (vLLM semantics); counts as success
+  kMiss,     // load: no such file
+  kCorrupt,  // load: wrong size, short read, checksum mismatch, symlink; the file was removed
+  kError,    // I/O error (disk full, read-only, planted symlink directory ...): see status
+};
+std::string_view FsBlockOutcomeName(FsBlockOutcome o);
+
+struct FsBlockResult {
+  FsBlockOutcome outcome = FsBlockOutcome::kError;
+  Status status;          // for kCorrupt / kError: what went wrong
+  bool verified = false;  // load: the integrity record matched
+};
+
+struct FsJobResult {
+  uint64_t job_id = 0;
+  bool is_store = false;
+  bool success = false;               // every block kOk or kSkipped
+  uint64_t bytes = 0;                 // bytes moved (blocks kOk)
+  double seconds = 0;                 // submit to last block done
+  std::vector<FsBlockResult> blocks;  // co-indexed with the job's keys
+};
+
+struct FsScanResult {
+  std::vector<FsBlockKey> blocks;     // well-formed .bin files of this tier's rank directory
+  std::vector<std::string> problems;  // "<relative path>: <why>" for what was skipped or removed
+  uint64_t temp_files_removed = 0;
+  uint64_t wrong_size_removed = 0;
+};
+
+class FsTier {
+ public:
+  // Validates the options, opens root_dir (NotFound when missing; FailedPrecondition when it is
+  // not a writable directory), writes <namespace>/config.json when absent, probes O_DIRECT and
+  // xattrs, starts the threads. `region` holds the rows (row_stride bytes each = file size).
+  static Result<std::unique_ptr<FsTier>> Open(FsTierOptions options, HostRegion region);
+  ~FsTier();  // waits for every job
+  FsTier(const FsTier&) = delete;
+  FsTier& operator=(const FsTier&) = delete;
+
+  // keys[i] <-> slots[i]. InvalidArgument (no job) on a size mismatch, an empty job, a slot out
+  // of range or an invalid hash.
+  Result<uint64_t> SubmitStore(std::vector<FsBlockKey> keys, std::vector<int64_t> slots);
+  Result<uint64_t> SubmitLoad(std::vector<FsBlockKey> keys, std::vector<int64_t> slots);
+  // Appends finished jobs in completion order; each once.
+  void GetFinished(std::vector<FsJobResult>* out);
+  // Blocks until `job_id` finished (result stays queued). NotFound if unknown or already taken.
+  Status Wait(uint64_t job_id);
+  void WaitAll();
+
+  // One fstatat (caller's thread): whether the block's .bin exists as a regular file.
+  bool Exists(const FsBlockKey& key);
+  // Removes blocks (and records); ok when absent.
+  Status Delete(const FsBlockKey& key);
+  // Walks this tier's rank directory: validates every name, removes stale temp files (older than
+  // `temp_age_seconds`; 0 removes all — only when no other writer shares the directory) and
+  // .bin files whose size is not row_stride, and lists the rest. Symlinks are reported, never
+  // followed.
+  Result<FsScanResult> Scan(double temp_age_seconds = 0);
+
+  const std::string& namespace_name() const { return ns_name_; }
+  std::string rank_dir() const;  // root_dir/<namespace>_r<rank>
+  bool o_direct() const { return o_direct_; }
+  bool xattr_records() const { return xattr_; }
+  const HostRegion& region() const { return region_; }
+
+ private:
+  struct Impl;
+  FsTier() = default;
+  std::unique_ptr<Impl> impl_;
+  std::string ns_name_;
+  HostRegion region_;
+  bool o_direct_ = false;
+  bool xattr_ = true;
+};
+
+}  // namespace kvo

@@ -1,0 +1,261 @@
+#include "transfer/kv_layout.h"
+
+#include <limits>
+#include <string>
+
+namespace kvo {
+namespace {
+
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+bool AddOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_add_overflow(a, b, out);
+}
+
+std::string T(size_t i) { return "tensor " + std::to_string(i); }
+
+}  // namespace
+
+std::string_view TransferDirectionName(TransferDirection d) {
+  return d == TransferDirection::kGpuToCpu ? "gpu_to_cpu" : "cpu_to_gpu";
+}
+
+Result<KvLayout> KvLayout::Create(KvLayoutSpec spec) {
+  if (spec.tensors.empty()) return Status::InvalidArgument("kv layout: no tensors");
+  if (spec.groups.empty()) return Status::InvalidArgument("kv layout: no KV groups");
+  if (spec.blocks_per_chunk == 0) {
+    return Status::InvalidArgument("kv layout: blocks_per_chunk must be >= 1, got 0");
+  }
+  if (spec.num_workers == 0) return Status::InvalidArgument("kv layout: num_workers must be >= 1");
+  if (spec.worker_index >= spec.num_workers) {
+    return Status::InvalidArgument("kv layout: worker_index " + std::to_string(spec.worker_index) +
+                                   " out of range for num_workers " +
+                                   std::to_string(spec.num_workers));
+  }
+  if (spec.alignment == 0 || (spec.alignment & (spec.alignment - 1)) != 0) {
+    return Status::InvalidArgument("kv layout: alignment must be a power of two, got " +
+                                   std::to_string(spec.alignment));
+  }
+  if (spec.host_page_size == 0 || spec.host_page_size % spec.alignment != 0) {
+    return Status::InvalidArgument("kv layout: host_page_size " +
+                                   std::to_string(spec.host_page_size) +
+                                   " must be a nonzero multiple of the alignment");
+  }
+  const uint64_t a = spec.alignment;
+  KvLayout layout(spec);
+  uint64_t cell = 0;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const KvTensorLayout& t = spec.tensors[i];
+    if (t.base == 0) return Status::InvalidArgument("kv layout: " + T(i) + " has a null base");
+    if (t.num_blocks == 0 || t.block_stride == 0 || t.page_bytes == 0) {
+      return Status::InvalidArgument("kv layout: " + T(i) +
+                                     " has a zero num_blocks, block_stride or page_bytes");
+    }
+    if (t.page_bytes > t.block_stride) {
+      return Status::InvalidArgument("kv layout: " + T(i) + " page_bytes " +
+                                     std::to_string(t.page_bytes) + " exceeds block_stride " +
+                                     std::to_string(t.block_stride));
+    }
+    if (t.base % a != 0 || t.block_stride % a != 0 || t.page_bytes % a != 0) {
+      return Status::InvalidArgument("kv layout: " + T(i) + " base, block_stride or page_bytes" +
+                                     " not aligned to " + std::to_string(a) + " bytes");
+    }
+    uint64_t span = 0, end = 0;
+    if (MulOverflows(t.num_blocks - 1, t.block_stride, &span) ||
+        AddOverflows(span, t.page_bytes, &span) || AddOverflows(t.base, span, &end)) {
+      return Status::InvalidArgument("kv layout: " + T(i) + " extends beyond the address space");
+    }
+    layout.tensor_area_offset_.push_back(cell);
+    uint64_t area = 0;
+    if (MulOverflows(t.page_bytes, spec.blocks_per_chunk, &area) ||
+        AddOverflows(cell, area, &cell)) {
+      return Status::InvalidArgument("kv layout: row size overflows at " + T(i));
+    }
+  }
+  for (size_t g = 0; g < spec.groups.size(); ++g) {
+    const KvGroupLayout& group = spec.groups[g];
+    if (group.refs.empty()) {
+      return Status::InvalidArgument("kv layout: group " + std::to_string(g) + " has no tensors");
+    }
+    for (size_t r = 0; r < group.refs.size(); ++r) {
+      const KvGroupRef& ref = group.refs[r];
+      std::string where = "kv layout: group " + std::to_string(g) + " ref " + std::to_string(r);
+      if (ref.tensor_index >= spec.tensors.size()) {
+        return Status::InvalidArgument(where + " names tensor " + std::to_string(ref.tensor_index) +
+                                       " of " + std::to_string(spec.tensors.size()));
+      }
+      if (ref.copy_bytes == 0) return Status::InvalidArgument(where + " copies zero bytes");
+      if (ref.copy_bytes > spec.tensors[ref.tensor_index].page_bytes) {
+        return Status::InvalidArgument(where + " copy_bytes " + std::to_string(ref.copy_bytes) +
+                                       " exceeds the tensor's page_bytes " +
+                                       std::to_string(spec.tensors[ref.tensor_index].page_bytes));
+      }
+      if (ref.copy_bytes % a != 0) {
+        return Status::InvalidArgument(where + " copy_bytes not aligned to " + std::to_string(a));
+      }
+    }
+  }
+  layout.cell_bytes_ = cell;
+  uint64_t chunk = 0, rounded = 0;
+  if (MulOverflows(cell, spec.num_workers, &chunk) ||
+      AddOverflows(chunk, spec.host_page_size - 1, &rounded)) {
+    return Status::InvalidArgument("kv layout: row size overflows");
+  }
+  layout.chunk_bytes_ = chunk;
+  layout.row_stride_ = rounded / spec.host_page_size * spec.host_page_size;
+  layout.spec_ = std::move(spec);
+  return layout;
+}
+
+uint64_t KvLayout::TensorAreaOffset(uint32_t tensor_index) const {
+  return cell_bytes_ * spec_.worker_index + tensor_area_offset_.at(tensor_index);
+}
+
+uint64_t KvLayout::SlotsForGroup(uint64_t num_blocks, uint64_t block_index) const {
+  if (num_blocks == 0) return 0;
+  const uint64_t bpc = spec_.blocks_per_chunk;
+  return (block_index % bpc + num_blocks + bpc - 1) / bpc;
+}
+
+Result<HostRegion> KvLayout::MakeHostRegion(uintptr_t base, uint64_t bytes) const {
+  HostRegion r{base, bytes / row_stride_, row_stride_};
+  KVO_RETURN_IF_ERROR(CheckHostRegion(r));
+  return r;
+}
+
+Status KvLayout::CheckHostRegion(const HostRegion& region) const {
+  if (region.base == 0) return Status::InvalidArgument("host region: null base");
+  if (region.num_slots == 0) {
+    return Status::InvalidArgument("host region: holds no row of " + std::to_string(row_stride_) +
+                                   " bytes");
+  }
+  if (region.row_stride != row_stride_) {
+    return Status::InvalidArgument("host region: row_stride " + std::to_string(region.row_stride) +
+                                   " differs from the layout's " + std::to_string(row_stride_));
+  }
+  if (region.base % spec_.alignment != 0) {
+    return Status::InvalidArgument("host region: base not aligned to " +
+                                   std::to_string(spec_.alignment) + " bytes");
+  }
+  uint64_t bytes = 0, end = 0;
+  if (MulOverflows(region.num_slots, region.row_stride, &bytes) ||
+      AddOverflows(region.base, bytes, &end)) {
+    return Status::InvalidArgument("host region: extends beyond the address space");
+  }
+  return Status::Ok();
+}
+
+Status KvLayout::ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion& region,
+                                 TransferDirection direction, bool coalesce,
+                                 std::vector<CopySegment>* out) const {
+  KVO_RETURN_IF_ERROR(CheckHostRegion(region));
+  const size_t num_groups = spec_.groups.size();
+  if (spec.group_sizes.size() != num_groups) {
+    return Status::InvalidArgument("block spec: " + std::to_string(spec.group_sizes.size()) +
+                                   " group sizes for " + std::to_string(num_groups) + " KV groups");
+  }
+  if (!spec.block_indices.empty() && spec.block_indices.size() != num_groups) {
+    return Status::InvalidArgument("block spec: " + std::to_string(spec.block_indices.size()) +
+                                   " block indices for " + std::to_string(num_groups) +
+                                   " KV groups");
+  }
+  uint64_t total_blocks = 0, total_slots = 0;
+  for (size_t g = 0; g < num_groups; ++g) {
+    total_blocks += spec.group_sizes[g];
+    total_slots +=
+        SlotsForGroup(spec.group_sizes[g], spec.block_indices.empty() ? 0 : spec.block_indices[g]);
+  }
+  if (total_blocks != spec.gpu_block_ids.size()) {
+    return Status::InvalidArgument("block spec: group sizes add up to " +
+                                   std::to_string(total_blocks) + " blocks but " +
+                                   std::to_string(spec.gpu_block_ids.size()) + " block ids given");
+  }
+  if (total_slots != spec.cpu_slots.size()) {
+    return Status::InvalidArgument("block spec: the groups' chunks need " +
+                                   std::to_string(total_slots) + " CPU slots but " +
+                                   std::to_string(spec.cpu_slots.size()) + " given");
+  }
+  for (int64_t slot : spec.cpu_slots) {
+    if (slot < 0 || static_cast<uint64_t>(slot) >= region.num_slots) {
+      return Status::OutOfRange("block spec: CPU slot " + std::to_string(slot) +
+                                " out of range [0, " + std::to_string(region.num_slots) + ")");
+    }
+  }
+  const size_t first = out->size();
+  const uint64_t bpc = spec_.blocks_per_chunk;
+  size_t block_pos = 0, slot_pos = 0;
+  for (size_t g = 0; g < num_groups; ++g) {
+    const uint64_t n = spec.group_sizes[g];
+    const uint64_t skip = spec.block_indices.empty() ? 0 : spec.block_indices[g] % bpc;
+    for (const KvGroupRef& ref : spec_.groups[g].refs) {
+      const KvTensorLayout& t = spec_.tensors[ref.tensor_index];
+      const uint64_t area = TensorAreaOffset(ref.tensor_index);
+      for (uint64_t i = 0; i < n; ++i) {
+        const int64_t block = spec.gpu_block_ids[block_pos + i];
+        if (block < 0 || static_cast<uint64_t>(block) >= t.num_blocks) {
+          out->resize(first);
+          return Status::OutOfRange("block spec: GPU block " + std::to_string(block) +
+                                    " of group " + std::to_string(g) + " outside tensor " +
+                                    std::to_string(ref.tensor_index) + " (" +
+                                    std::to_string(t.num_blocks) + " blocks)");
+        }
+        const uint64_t pos = skip + i;
+        const uint64_t slot = static_cast<uint64_t>(spec.cpu_slots[slot_pos + pos / bpc]);
+        const uintptr_t gpu = t.base + static_cast<uint64_t>(block) * t.block_stride;
+        const uintptr_t cpu =
+            region.base + slot * region.row_stride + area + (pos % bpc) * t.page_bytes;
+        if (direction == TransferDirection::kGpuToCpu) {
+          out->push_back({gpu, cpu, ref.copy_bytes});
+        } else {
+          out->push_back({cpu, gpu, ref.copy_bytes});
+        }
+      }
+    }
+    block_pos += n;
+    slot_pos += SlotsForGroup(n, spec.block_indices.empty() ? 0 : spec.block_indices[g]);
+  }
+  if (coalesce) {
+    std::vector<CopySegment> tail(out->begin() + static_cast<std::ptrdiff_t>(first), out->end());
+    CoalesceSegments(&tail);
+    out->resize(first);
+    out->insert(out->end(), tail.begin(), tail.end());
+  }
+  return Status::Ok();
+}
+
+Status ValidateSegments(std::span<const CopySegment> segments, uint64_t alignment) {
+  if (alignment == 0) alignment = 1;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const CopySegment& s = segments[i];
+    std::string where = "segment " + std::to_string(i);
+    if (s.bytes == 0) return Status::InvalidArgument(where + " has zero bytes");
+    if (s.src == 0 || s.dst == 0) return Status::InvalidArgument(where + " has a null address");
+    uint64_t end = 0;
+    if (AddOverflows(s.src, s.bytes, &end) || AddOverflows(s.dst, s.bytes, &end)) {
+      return Status::InvalidArgument(where + " extends beyond the address space");
+    }
+    if (s.src % alignment != 0 || s.dst % alignment != 0 || s.bytes % alignment != 0) {
+      return Status::InvalidArgument(where + " not aligned to " + std::to_string(alignment) +
+                                     " bytes");
+    }
+  }
+  return Status::Ok();
+}
+
+void CoalesceSegments(std::vector<CopySegment>* segments) {
+  if (segments->empty()) return;
+  size_t w = 0;
+  for (size_t r = 1; r < segments->size(); ++r) {
+    CopySegment& last = (*segments)[w];
+    const CopySegment& s = (*segments)[r];
+    if (last.src + last.bytes == s.src && last.dst + last.bytes == s.dst) {
+      last.bytes += s.bytes;
+    } else {
+      (*segments)[++w] = s;
+    }
+  }
+  segments->resize(w + 1);
+}
+
+}  // namespace kvo
