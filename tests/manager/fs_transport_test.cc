@@ -83,7 +83,9 @@ class FsTransportTest : public ::testing::Test {
     ASSERT_TRUE(manager_->CompleteStore(std::span<const OffloadKey>(&k, 1), Ctx(), true).ok());
     Step();
   }
+  // One scheduler step, with the disk I/O it started waited for and collected.
   void Step() {
+    manager_->OnScheduleEnd();
     manager_->secondary_tier(0).DrainJobs();
     manager_->OnScheduleEnd();
     ASSERT_TRUE(manager_->PublishEvents().ok());
@@ -99,8 +101,7 @@ class FsTransportTest : public ::testing::Test {
   void LoadBack(int i) {
     const OffloadKey k = K(i);
     ASSERT_EQ(manager_->Lookup(k, Ctx()), LookupResult::kHitPending) << i;
-    Step();  // submits the promotion
-    Step();  // collects it
+    Step();  // submits the promotion and collects it
     ASSERT_EQ(manager_->Lookup(k, Ctx()), LookupResult::kHit) << i;
     auto slots = manager_->PrepareLoad(std::span<const OffloadKey>(&k, 1), Ctx());
     ASSERT_TRUE(slots.ok());
@@ -167,7 +168,6 @@ TEST_F(FsTransportTest, CorruptFileIsALostKeyRemovedFromDiskAndIndex) {
   LoadBack(0);
   const OffloadKey k1 = K(1);
   EXPECT_EQ(manager_->Lookup(k1, Ctx()), LookupResult::kHitPending);
-  Step();
   Step();
   EXPECT_EQ(manager_->Lookup(k1, Ctx()), LookupResult::kMiss);
   EXPECT_FALSE(std::filesystem::exists(path));
