@@ -39,9 +39,11 @@ double Percentile(std::vector<double> v, double p);
 int RunEventsBench(const BenchOptions& options);
 int RunJournalBench(const BenchOptions& options);  // bench/journal_bench.cc
 int RunManagerBench(const BenchOptions& options);  // bench/manager_bench.cc
-int RunTransferBench(const BenchOptions& options);  // bench/transfer_bench.cc
-int RunHostTransferCases(const BenchOptions& options);  // bench/transfer_bench.cc (host engine)
-int RunFsBench(const BenchOptions& options);        // bench/fs_bench.cc
+// bench/transfer_bench.cc: all transfer cases; the host engine's cases alone.
+int RunTransferBench(const BenchOptions& options);
+int RunHostTransferCases(const BenchOptions& options);
+// bench/fs_bench.cc
+int RunFsBench(const BenchOptions& options);
 
 // Cases an optional library adds to an area (the GPU cases of `transfer`, from
 // transfer/cuda when it is linked): they run after the area's own cases. Thread-safe.
