@@ -131,7 +131,8 @@ struct TierStats {
   BucketCounts lookup_async_delay;
 };
 
-// KV events taken from the manager, per medium and kind, in blocks (an AllBlocksCleared counts 1).
+// KV events taken from the manager, per medium and kind, in blocks (an AllBlocksCleared counts 1,
+// under medium "CPU" and kind "cleared").
 struct EventCounts {
   // Index = medium (kMedia) x kind (kKinds).
   static constexpr const char* kMedia[] = {"CPU", "STORAGE", "GPU", "other"};
