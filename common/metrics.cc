@@ -210,6 +210,19 @@ void Histogram::Observe(double v) {
   sum_.fetch_add(v, std::memory_order_relaxed);
 }
 
+Status Histogram::AddBucketed(const std::vector<uint64_t>& counts, double sum) {
+  if (counts.size() != upper_bounds_.size() + 1) {
+    return Status::InvalidArgument("histogram: " + std::to_string(counts.size()) +
+                                   " bucket counts given, " +
+                                   std::to_string(upper_bounds_.size() + 1) + " buckets exist");
+  }
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] != 0) counts_[i].fetch_add(counts[i], std::memory_order_relaxed);
+  }
+  sum_.fetch_add(sum, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
 Histogram::Snapshot Histogram::Take() const {
   Snapshot snap;
   snap.cumulative.resize(upper_bounds_.size() + 1);

@@ -62,6 +62,10 @@ class Histogram {
   explicit Histogram(std::vector<double> upper_bounds);
 
   void Observe(double v);
+  // Adds pre-bucketed observations: counts[i] to bucket i (non-cumulative: one per upper bound,
+  // then +Inf) and `sum` to the sum. InvalidArgument (nothing added) when counts has the wrong
+  // size.
+  Status AddBucketed(const std::vector<uint64_t>& counts, double sum);
 
   // A consistent-enough view: count equals the sum of the buckets (the +Inf bucket).
   struct Snapshot {

@@ -85,8 +85,15 @@ void ArcPolicy::Touch(std::span<const OffloadKey> keys) {
 std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> ArcPolicy::Evict(
     size_t n, std::span<const OffloadKey> protected_keys) {
   std::vector<std::pair<OffloadKey, BlockStatus>> out;
-  if (n == 0) return out;
-  protected_.Reset(protected_keys);
+  if (!EvictInto(n, protected_keys, &out)) return std::nullopt;
+  return out;
+}
+
+bool ArcPolicy::EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
+                          std::vector<std::pair<OffloadKey, BlockStatus>>* out) {
+  out->clear();
+  if (n == 0) return true;
+  protected_.Reset(table_, protected_keys);
   victims_.clear();
 
   // Monotonic cursors: each list is scanned at most once per call.
@@ -97,7 +104,7 @@ std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> ArcPolicy::Evict(
       const uint32_t i = cursor;
       cursor = table_.Next(i);
       const Node& node = table_.at(i);
-      if (node.status.ref_cnt == 0 && !protected_.Contains(node)) return i;
+      if (node.status.ref_cnt == 0 && !protected_.Contains(i)) return i;
     }
     return kNil;
   };
@@ -127,13 +134,13 @@ std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> ArcPolicy::Evict(
     victims_.push_back({j, true});
     --virtual_t1_size;
   }
-  protected_.Reset({});
-  if (!ok) return std::nullopt;
+  protected_.Clear();
+  if (!ok) return false;
 
-  out.reserve(n);
+  out->reserve(n);
   for (const Victim& v : victims_) {
     const Node& node = table_.at(v.node);
-    out.emplace_back(node.Key(), node.status);
+    out->emplace_back(node.Key(), node.status);
     table_.MoveToBack(v.from_t1 ? kB1 : kB2, v.node);
   }
   num_evictable_ -= std::min(n, num_evictable_);  // every victim had ref_cnt 0
@@ -152,7 +159,7 @@ std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> ArcPolicy::Evict(
       table_.Erase(i, h);
     }
   }
-  return out;
+  return true;
 }
 
 void ArcPolicy::Clear() {

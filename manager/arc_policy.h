@@ -50,7 +50,7 @@ struct ArcOptions {
   bool t1_fallback = true;
 };
 
-class ArcPolicy final : public CachePolicy {
+class ArcPolicy final : public CachePolicy, public policy_internal::TableBackedPolicy {
  public:
   enum class List { kT1, kT2, kB1, kB2 };
 
@@ -62,6 +62,8 @@ class ArcPolicy final : public CachePolicy {
   void Touch(std::span<const OffloadKey> keys) override;
   std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> Evict(
       size_t n, std::span<const OffloadKey> protected_keys) override;
+  bool EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
+                 std::vector<std::pair<OffloadKey, BlockStatus>>* out) override;
   void Clear() override;
   void MarkEvictable(const OffloadKey& key) override;
   void MarkNonEvictable(const OffloadKey& key) override;
@@ -69,6 +71,9 @@ class ArcPolicy final : public CachePolicy {
   size_t size() const override { return table_.ListSize(kT1) + table_.ListSize(kT2); }
   size_t num_evictable() const override { return num_evictable_; }
   Status CheckInvariants() const override;
+
+  const policy_internal::NodeTable& table() const override { return table_; }
+  uint32_t max_cached_list() const override { return kT2; }  // B1 / B2 hold ghosts
 
   // Inspection (tests): which list holds the key, a list's keys LRU first, the target.
   std::optional<List> Where(const OffloadKey& key) const;

@@ -11,6 +11,15 @@
 
 namespace kvo {
 
+bool CachePolicy::EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
+                            std::vector<std::pair<OffloadKey, BlockStatus>>* out) {
+  out->clear();
+  auto evicted = Evict(n, protected_keys);
+  if (!evicted.has_value()) return false;
+  *out = std::move(*evicted);
+  return true;
+}
+
 namespace {
 
 // Python's repr() of a str, for ASCII names: single quotes unless the name holds a single quote

@@ -40,6 +40,11 @@ class CachePolicy {
   // them from the policy; nullopt (and no change at all) when that is impossible.
   virtual std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> Evict(
       size_t n, std::span<const OffloadKey> protected_keys) = 0;
+  // Evict's effect with the victims written to *out (cleared first; its capacity is reused, so a
+  // caller that keeps the vector allocates nothing once warm). False, with no change, when Evict
+  // would return nullopt. The default calls Evict; the built-in policies implement it directly.
+  virtual bool EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
+                         std::vector<std::pair<OffloadKey, BlockStatus>>* out);
   virtual void Clear() = 0;
   // The block's ref_cnt just became 0 / just left 0.
   virtual void MarkEvictable(const OffloadKey& key) = 0;

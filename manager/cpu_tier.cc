@@ -38,6 +38,10 @@ CpuTier::CpuTier(size_t num_blocks, std::unique_ptr<CachePolicy> policy, int64_t
       enable_events_(enable_events),
       slot_keys_(track_slots ? num_blocks : 0) {
   if (store_threshold_ >= 2) tracker_ = std::make_unique<LookupTracker>(max_tracker_size);
+  if (const auto* backed = dynamic_cast<const policy_internal::TableBackedPolicy*>(policy_.get())) {
+    fast_table_ = &backed->table();
+    fast_max_list_ = backed->max_cached_list();
+  }
 }
 
 Status CpuTier::PrepareLoad(std::span<const OffloadKey> keys, std::vector<int32_t>* slots) {
@@ -161,22 +165,21 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
       return false;
     }
     // Every (post-threshold) input key is protected, including already-stored ones.
-    auto evicted = policy_->Evict(need, candidates);
-    if (!evicted.has_value()) {
+    if (!policy_->EvictInto(need, candidates, &evicted_)) {
       ++store_failures_;
       out->keys_to_store.clear();
       return false;
     }
-    evictions_ += evicted->size();
-    num_evictable_ -= evicted->size();
-    out->evicted_keys.reserve(evicted->size());
-    for (const auto& [key, block] : *evicted) {
+    evictions_ += evicted_.size();
+    num_evictable_ -= evicted_.size();
+    out->evicted_keys.reserve(evicted_.size());
+    for (const auto& [key, block] : evicted_) {
       free_list_.push_back(block.slot);
       out->evicted_keys.push_back(key);
     }
     if (enable_events_) {
-      OffloadingEvent& e = events_.emplace_back();
-      e.keys = out->evicted_keys;
+      OffloadingEvent& e = NewEvent();
+      e.keys.assign(out->evicted_keys.begin(), out->evicted_keys.end());
       e.medium = kMediumCpu;
       e.removed = true;
       e.reason = kReasonEvicted;
@@ -218,7 +221,7 @@ Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
       changed->push_back(keys[i]);
     }
     if (enable_events_ && changed->size() > first) {
-      OffloadingEvent& e = events_.emplace_back();
+      OffloadingEvent& e = NewEvent();
       e.keys.assign(changed->begin() + static_cast<std::ptrdiff_t>(first), changed->end());
       e.medium = kMediumCpu;
       e.removed = false;
@@ -248,6 +251,26 @@ void CpuTier::Reset() {
 void CpuTier::TakeEvents(std::vector<OffloadingEvent>* out) {
   for (OffloadingEvent& e : events_) out->push_back(std::move(e));
   events_.clear();
+}
+
+OffloadingEvent& CpuTier::NewEvent() {
+  OffloadingEvent& e = events_.emplace_back();
+  if (!spare_keys_.empty()) {
+    e.keys = std::move(spare_keys_.back());
+    spare_keys_.pop_back();
+  }
+  return e;
+}
+
+void CpuTier::RecycleEvents(std::vector<OffloadingEvent>* events) {
+  constexpr size_t kMaxSpare = 256;
+  for (OffloadingEvent& e : *events) {
+    if (spare_keys_.size() >= kMaxSpare) break;
+    if (e.keys.capacity() == 0) continue;
+    e.keys.clear();
+    spare_keys_.push_back(std::move(e.keys));
+  }
+  events->clear();
 }
 
 void CpuTier::AddEvent(OffloadingEvent event) {

@@ -22,6 +22,7 @@
 #include "manager/cache_policy.h"
 #include "manager/offload_key.h"
 #include "manager/offload_manager.h"
+#include "manager/policy_table.h"
 
 namespace kvo {
 
@@ -52,7 +53,9 @@ class CpuTier {
   // Inline: the hot path.
   LookupResult Lookup(const OffloadKey& key) {
     if (tracker_ != nullptr) tracker_->Count(key);
-    const BlockStatus* block = policy_->Get(key);
+    // Built-in policies: probe their table directly (same answer as Get, no virtual call).
+    const BlockStatus* block =
+        fast_table_ != nullptr ? fast_table_->PeekStatus(key, fast_max_list_) : policy_->Get(key);
     if (block == nullptr) {
       ++misses_;
       return LookupResult::kMiss;
@@ -77,6 +80,8 @@ class CpuTier {
   void TakeEvents(std::vector<OffloadingEvent>* out);
   // Queues an event of this tier (used by the manager for reset announcements).
   void AddEvent(OffloadingEvent event);
+  // Clears *events, keeping their key vectors for this tier's next events.
+  void RecycleEvents(std::vector<OffloadingEvent>* events);
 
   const BlockStatus* Find(const OffloadKey& key) { return policy_->Get(key); }
   // REQUIRES: track_slots().
@@ -92,10 +97,15 @@ class CpuTier {
 
  private:
   void RecordAllocation(size_t n);
+  // A new event at the end of events_, its keys vector taken from the spare pool.
+  OffloadingEvent& NewEvent();
   int32_t AllocateSlot();
 
   const size_t num_blocks_;
   std::unique_ptr<CachePolicy> policy_;
+  // The built-in policy's table (nullptr for other policies) and its last cached list id.
+  const policy_internal::NodeTable* fast_table_ = nullptr;
+  uint32_t fast_max_list_ = 0;
   const int64_t store_threshold_;
   const bool enable_events_;
   std::unique_ptr<LookupTracker> tracker_;  // only with store_threshold >= 2
@@ -114,6 +124,8 @@ class CpuTier {
   std::vector<OffloadKey> filtered_;
   std::vector<BlockStatus*> blocks_;
   std::unordered_set<OffloadKey, OffloadKeyHash> dedup_;
+  std::vector<std::pair<OffloadKey, BlockStatus>> evicted_;
+  std::vector<std::vector<OffloadKey>> spare_keys_;  // emptied event key vectors (bounded pool)
 
   // Counters (cumulative).
   uint64_t allocation_count_ = 0;

@@ -15,12 +15,31 @@ bool Folded(const std::optional<std::string>& medium) {
 
 }  // namespace
 
+size_t EventFold::ChunkIdHash::operator()(const ChunkId& id) const {
+  uint64_t h = std::get<2>(id) ^ (static_cast<uint64_t>(std::get<1>(id)) * 0x9e3779b97f4a7c15ULL);
+  h ^= std::hash<std::string>()(std::get<0>(id));
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return static_cast<size_t>(h);
+}
+
+const std::map<EventFold::ChunkId, FoldedChunk>& EventFold::chunks() const {
+  if (!ordered_valid_) {
+    ordered_.clear();
+    ordered_.insert(chunks_.begin(), chunks_.end());
+    ordered_valid_ = true;
+  }
+  return ordered_;
+}
+
 void EventFold::Apply(const EventBatch& batch) {
   ++batches_;
   for (const KvEvent& e : batch.events) Apply(e);
 }
 
 void EventFold::Apply(const KvEvent& event) {
+  ordered_valid_ = false;
   if (const auto* s = std::get_if<BlockStored>(&event)) {
     if (!Folded(s->medium) || s->block_hashes.empty()) return;
     const int64_t group = s->group_idx.value_or(0);
@@ -34,12 +53,18 @@ void EventFold::Apply(const KvEvent& event) {
   if (const auto* r = std::get_if<BlockRemoved>(&event)) {
     if (!Folded(r->medium)) return;
     const int64_t group = r->group_idx.value_or(0);
-    std::unordered_set<uint64_t> listed;
-    for (const BlockHash& h : r->block_hashes) listed.insert(h.Low64());
+    std::unordered_set<uint64_t> listed;  // filled when a chunk has several announcements
     for (const BlockHash& h : r->block_hashes) {
       auto it = chunks_.find(ChunkId{*r->medium, group, h.Low64()});
       if (it == chunks_.end()) continue;
       std::vector<Announcement>& held = it->second.held;
+      if (held.size() == 1) {  // the only announcement goes
+        chunks_.erase(it);
+        continue;
+      }
+      if (listed.empty()) {
+        for (const BlockHash& x : r->block_hashes) listed.insert(x.Low64());
+      }
       auto covered = [&](const Announcement& a) {
         for (uint64_t x : a.hashes) {
           if (listed.count(x) == 0) return false;
@@ -62,6 +87,7 @@ void EventFold::Apply(const KvEvent& event) {
     return;
   }
   chunks_.clear();  // AllBlocksCleared
+  ordered_.clear();
 }
 
 std::map<std::pair<int64_t, uint64_t>, int64_t> EventFold::Chunks(const std::string& medium) const {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "common/result.h"
@@ -44,13 +45,19 @@ class EventFold {
   void Apply(const EventBatch& batch);
   void Apply(const KvEvent& event);
 
-  const std::map<ChunkId, FoldedChunk>& chunks() const { return chunks_; }
+  // Ordered by ChunkId (built on the first call after a change; Apply keeps a hash map).
+  const std::map<ChunkId, FoldedChunk>& chunks() const;
   // Chunks of one medium with their counts, as (group, hash) -> count.
   std::map<std::pair<int64_t, uint64_t>, int64_t> Chunks(const std::string& medium) const;
   uint64_t batches() const { return batches_; }
 
  private:
-  std::map<ChunkId, FoldedChunk> chunks_;
+  struct ChunkIdHash {
+    size_t operator()(const ChunkId& id) const;
+  };
+  std::unordered_map<ChunkId, FoldedChunk, ChunkIdHash> chunks_;
+  mutable std::map<ChunkId, FoldedChunk> ordered_;  // chunks() view
+  mutable bool ordered_valid_ = true;
   uint64_t batches_ = 0;
 };
 

@@ -164,8 +164,18 @@ void IndexedTier::Emit(std::vector<OffloadKey> keys, bool removed, const char* r
 }
 
 LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& /*ctx*/) {
+  if (options_.async_lookup && checked_.erase(key) == 0) {
+    checking_.insert(key);  // started now, or still running this step
+    return LookupResult::kRetry;
+  }
   const BlockStatus* b = index_.Find(key);
   return b != nullptr && b->ready() ? LookupResult::kHit : LookupResult::kMiss;
+}
+
+void IndexedTier::OnScheduleEnd() {
+  if (!options_.async_lookup) return;
+  checked_ = std::move(checking_);  // the checks finish; unclaimed older verdicts are dropped
+  checking_.clear();
 }
 
 Status IndexedTier::SubmitStore(const TransferJob& job) {

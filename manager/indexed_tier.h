@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/result.h"
@@ -88,6 +89,12 @@ struct IndexedTierOptions {
   uint64_t block_bytes = 1;             // bytes per block (one CPU row)
   std::string eviction_policy = "lru";  // a CachePolicyRegistry name
   CachePolicyFactory policy_factory;    // overrides eviction_policy when set
+  // vLLM's asynchronous secondary lookup (B.11; the FS tier checks files on its thread pool): the
+  // first lookup of a key answers RETRY and starts the check; every lookup of it answers RETRY
+  // until the step ends (OnScheduleEnd), after which the next lookup gives the verdict (HIT or
+  // MISS from the index at that moment). A verdict not asked for during the following step is
+  // dropped (the next lookup starts again). false: answer at once.
+  bool async_lookup = false;
 };
 
 class IndexedTier final : public SecondaryTier {
@@ -109,6 +116,7 @@ class IndexedTier final : public SecondaryTier {
   void ListHeld(std::vector<OffloadKey>* out) const override { index_.ListReady(out); }
   void Touch(std::span<const OffloadKey> keys, const RequestContext& ctx) override;
   bool HasPendingWork() const override { return !jobs_.empty() || !ready_results_.empty(); }
+  void OnScheduleEnd() override;
 
   const BoundedTierIndex& index() const { return index_; }
   uint64_t stores_rejected() const { return stores_rejected_; }  // no room for a block
@@ -133,6 +141,9 @@ class IndexedTier final : public SecondaryTier {
   std::vector<OffloadingEvent> events_;
   std::vector<JobResult> scratch_;
   uint64_t stores_rejected_ = 0;
+  // async_lookup: keys whose check started this step / finished at the last step's end.
+  std::unordered_set<OffloadKey, OffloadKeyHash> checking_;
+  std::unordered_set<OffloadKey, OffloadKeyHash> checked_;
 };
 
 }  // namespace kvo

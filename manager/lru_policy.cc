@@ -44,32 +44,44 @@ void LruPolicy::Touch(std::span<const OffloadKey> keys) {
 std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> LruPolicy::Evict(
     size_t n, std::span<const OffloadKey> protected_keys) {
   std::vector<std::pair<OffloadKey, BlockStatus>> out;
-  if (n == 0) return out;
-  if (n > table_.ListSize(kEvictable)) return std::nullopt;
-  protected_.Reset(protected_keys);
+  if (!EvictInto(n, protected_keys, &out)) return std::nullopt;
+  return out;
+}
+
+bool LruPolicy::EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
+                          std::vector<std::pair<OffloadKey, BlockStatus>>* out) {
+  out->clear();
+  if (n == 0) return true;
+  if (n > table_.ListSize(kEvictable)) return false;
   victims_.clear();
-  for (uint32_t i = table_.Front(kEvictable); i != kEvictable; i = table_.Next(i)) {
-    if (protected_.Contains(table_.at(i))) continue;
-    victims_.push_back(i);
-    if (victims_.size() == n) break;
+  if (protected_keys.empty()) {
+    for (uint32_t i = table_.Front(kEvictable); victims_.size() < n; i = table_.Next(i))
+      victims_.push_back(i);
+  } else {
+    protected_.Reset(table_, protected_keys);
+    for (uint32_t i = table_.Front(kEvictable); i != kEvictable; i = table_.Next(i)) {
+      if (protected_.Contains(i)) continue;
+      victims_.push_back(i);
+      if (victims_.size() == n) break;
+    }
+    protected_.Clear();
+    if (victims_.size() < n) return false;
   }
-  protected_.Reset({});
-  if (victims_.size() < n) return std::nullopt;
   // Start every victim's index miss before erasing any.
   hashes_.resize(n);
   for (size_t k = 0; k < n; ++k) {
     hashes_[k] = table_.at(victims_[k]).Hash();
     table_.Prefetch(hashes_[k]);
   }
-  out.reserve(n);
+  out->reserve(n);
   for (size_t k = 0; k < n; ++k) {
     const uint32_t i = victims_[k];
     const Node& node = table_.at(i);
-    out.emplace_back(node.Key(), node.status);
+    out->emplace_back(node.Key(), node.status);
     table_.Unlink(i);
     table_.Erase(i, hashes_[k]);
   }
-  return out;
+  return true;
 }
 
 void LruPolicy::Clear() { table_.Clear(); }

@@ -33,7 +33,7 @@
 
 namespace kvo {
 
-class LruPolicy final : public CachePolicy {
+class LruPolicy final : public CachePolicy, public policy_internal::TableBackedPolicy {
  public:
   explicit LruPolicy(size_t capacity);
 
@@ -43,6 +43,8 @@ class LruPolicy final : public CachePolicy {
   void Touch(std::span<const OffloadKey> keys) override;
   std::optional<std::vector<std::pair<OffloadKey, BlockStatus>>> Evict(
       size_t n, std::span<const OffloadKey> protected_keys) override;
+  bool EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
+                 std::vector<std::pair<OffloadKey, BlockStatus>>* out) override;
   void Clear() override;
   void MarkEvictable(const OffloadKey& key) override;
   void MarkNonEvictable(const OffloadKey& key) override;
@@ -50,6 +52,10 @@ class LruPolicy final : public CachePolicy {
   size_t size() const override { return table_.size(); }
   size_t num_evictable() const override { return table_.ListSize(kEvictable); }
   Status CheckInvariants() const override;
+
+  const policy_internal::NodeTable& table() const override { return table_; }
+  // Every node is a cached block (evictable list or none).
+  uint32_t max_cached_list() const override { return policy_internal::kNoList; }
 
   // The evictable keys, LRU first (tests).
   std::vector<OffloadKey> EvictableKeys() const;

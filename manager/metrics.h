@@ -6,9 +6,14 @@
 // Not registered: vLLM's deprecated transfer_type-labelled duplicates (vllm:kv_offload_total_bytes,
 // _total_time, _size) — kvo has no users of them to keep working.
 //
+// Registration is table driven (metrics.cc: one row per family, its handle as a member pointer).
+// OffloadMetricsExporter feeds the families from OffloadManager::GetStats().
+//
 // Thread safety: as MetricsRegistry (handles are lock-free; TierMetrics lookups take a mutex).
 #pragma once
 
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -16,6 +21,7 @@
 
 #include "common/metrics.h"
 #include "common/result.h"
+#include "manager/offload_manager.h"
 
 namespace kvo {
 
@@ -67,6 +73,16 @@ inline constexpr std::string_view kTieringPromotionAllocationFailures =
 
 inline constexpr std::string_view kTierLabel = "tier";
 }  // namespace vllm_metric
+
+// kvo's own families (not in vLLM).
+namespace kvo_metric {
+inline constexpr std::string_view kJournalBytes = "kvo:offload_journal_bytes";  // gauge
+// Counter, labels medium ("CPU" | "STORAGE" | "GPU" | "other") and kind ("stored" | "evicted" |
+// "failed" | "cleared" | "restart" | "removed"), in block events.
+inline constexpr std::string_view kEvents = "kvo:offload_events";
+inline constexpr std::string_view kEventsPublished = "kvo:offload_events_published";  // counter
+inline constexpr std::string_view kEventErrors = "kvo:offload_event_errors";          // counter
+}  // namespace kvo_metric
 
 // vLLM's bucket bounds.
 // cpu_allocation_size: 1, 4, 16, ..., 262144 (powers of 4).
@@ -161,5 +177,35 @@ struct OffloadMetrics {
 // registry (a name already registered, an invalid engine label name) are returned unchanged.
 Result<OffloadMetrics> RegisterOffloadMetrics(MetricsRegistry* registry,
                                               const OffloadMetricsOptions& options);
+
+// Feeds a registry from OffloadManager::GetStats(): vLLM's families (RegisterOffloadMetrics under
+// `options`) plus kvo's own (kvo_metric). Each Export advances counters by the difference from the
+// previous Export's stats, sets gauges, adds the new histogram observations, and creates the
+// tiering series of each tier label found in stats.tiers on first sight.
+//
+// Fed from ManagerStats: allocation_failure, the CPU usage gauges, cpu_allocation_size,
+// stores_skipped, and the whole tiering family except read/write bytes and time (the transfer
+// engine's to feed through metrics().ForTier). The connector's load/store and lookup-delay
+// families belong to the connector (the engine side) and stay registered but unfed here.
+//
+// Thread-compatible: call Export from the thread that owns the manager (rendering may run
+// anywhere: the registry is thread-safe).
+class OffloadMetricsExporter {
+ public:
+  static Result<std::unique_ptr<OffloadMetricsExporter>> Create(
+      MetricsRegistry* registry, const OffloadMetricsOptions& options);
+  Status Export(const ManagerStats& stats);
+  const OffloadMetrics& metrics() const { return metrics_; }
+
+ private:
+  OffloadMetricsExporter() = default;
+  OffloadMetrics metrics_;
+  Gauge* journal_bytes_ = nullptr;
+  CounterFamily* events_ = nullptr;
+  Counter* events_published_ = nullptr;
+  Counter* event_errors_ = nullptr;
+  std::map<std::string, TierMetrics> tiers_;  // by tier label
+  ManagerStats last_;
+};
 
 }  // namespace kvo

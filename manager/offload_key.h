@@ -26,6 +26,9 @@ class OffloadKey {
   static OffloadKey FromWireHash(uint64_t hash, uint32_t group);
 
   std::string_view digest() const { return {reinterpret_cast<const char*>(bytes_.data()), len_}; }
+  // The digest's kMaxHashBytes bytes of storage, zero past digest().size() (every constructor
+  // keeps that padding), for fixed-width hashing and comparison.
+  const uint8_t* padded_bytes() const { return bytes_.data(); }
   uint32_t group() const { return group_; }
   // vLLM's maybe_convert_block_hash: the low 64 bits (last 8 bytes, big-endian).
   uint64_t Wire() const;

@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "events/codec.h"
+#include "manager/metrics.h"
 #include "manager/offload_manager_impl.h"
 
 namespace kvo {
@@ -25,6 +26,41 @@ const char* LookupResultName(LookupResult r) {
   }
   return "?";
 }
+
+void BucketCounts::Observe(const std::vector<double>& upper_bounds, double v) {
+  if (counts.size() != upper_bounds.size() + 1) counts.assign(upper_bounds.size() + 1, 0);
+  // First bucket whose upper bound is >= v (Prometheus' le is inclusive).
+  const size_t i = static_cast<size_t>(
+      std::lower_bound(upper_bounds.begin(), upper_bounds.end(), v) - upper_bounds.begin());
+  ++counts[i];
+  sum += v;
+}
+
+namespace {
+
+size_t MediumIndex(std::string_view medium) {
+  for (size_t i = 0; i + 1 < EventCounts::kNumMedia; ++i) {
+    if (medium == EventCounts::kMedia[i]) return i;
+  }
+  return EventCounts::kNumMedia - 1;
+}
+
+size_t KindIndex(const OffloadingEvent& e) {
+  if (!e.removed) return 0;
+  for (size_t i = 1; i + 1 < EventCounts::kNumKinds; ++i) {
+    if (e.reason == EventCounts::kKinds[i]) return i;
+  }
+  return EventCounts::kNumKinds - 1;
+}
+
+void CountEvents(std::span<const OffloadingEvent> events, EventCounts* counts) {
+  for (const OffloadingEvent& e : events) {
+    const uint64_t n = e.all_cleared ? 1 : e.keys.size();
+    counts->blocks[e.all_cleared ? 0 : MediumIndex(e.medium)][KindIndex(e)] += n;
+  }
+}
+
+}  // namespace
 
 Result<std::unique_ptr<OffloadManager>> OffloadManager::Create(ManagerOptions options) {
   if (options.store_threshold >= 2 && !options.secondary_tiers.empty()) {
@@ -85,11 +121,19 @@ Status OffloadManager::CompleteLoad(std::span<const OffloadKey> keys,
 
 Result<std::optional<PrepareStoreOutput>> OffloadManager::PrepareStore(
     std::span<const OffloadKey> keys, const RequestContext& ctx) {
+  PrepareStoreOutput out;
+  KVO_ASSIGN_OR_RETURN(const bool stored, PrepareStore(keys, ctx, &out));
+  if (!stored) return std::optional<PrepareStoreOutput>();
+  return std::optional<PrepareStoreOutput>(std::move(out));
+}
+
+Result<bool> OffloadManager::PrepareStore(std::span<const OffloadKey> keys,
+                                          const RequestContext& ctx, PrepareStoreOutput* out_ptr) {
   Impl& m = *impl_;
+  PrepareStoreOutput& out = *out_ptr;
   const bool tiered = !m.tiers.empty();
   if (tiered) m.MaybeProcessFinishedJobs();  // release cascade pins before choosing victims
-  PrepareStoreOutput out;
-  if (!m.cpu.PrepareStore(keys, &out)) return std::optional<PrepareStoreOutput>();
+  if (!m.cpu.PrepareStore(keys, &out)) return false;
   if (tiered) {
     if (!out.keys_to_store.empty()) ++m.requests[ctx.req_id].pending_primary_stores;
     // REQUEST_LEVEL tiers also get the chunks the CPU tier already holds, at once.
@@ -114,7 +158,7 @@ Result<std::optional<PrepareStoreOutput>> OffloadManager::PrepareStore(
       }
     }
   }
-  return std::optional<PrepareStoreOutput>(std::move(out));
+  return true;
 }
 
 Status OffloadManager::CompleteStore(std::span<const OffloadKey> keys, const RequestContext& ctx,
@@ -220,22 +264,28 @@ void OffloadManager::ResetCache() {
 }
 
 std::vector<OffloadingEvent> OffloadManager::TakeEvents() {
-  Impl& m = *impl_;
   std::vector<OffloadingEvent> out;
-  m.cpu.TakeEvents(&out);
-  for (size_t i = 0; i < m.tiers.size(); ++i) {
-    const size_t first = out.size();
-    m.tiers[i]->TakeEvents(&out);
-    for (size_t j = first; j < out.size(); ++j) out[j].tier = static_cast<int32_t>(i + 1);
-  }
+  TakeEvents(&out);
   return out;
+}
+
+void OffloadManager::TakeEvents(std::vector<OffloadingEvent>* out) {
+  Impl& m = *impl_;
+  m.cpu.RecycleEvents(out);
+  m.cpu.TakeEvents(out);
+  for (size_t i = 0; i < m.tiers.size(); ++i) {
+    const size_t first = out->size();
+    m.tiers[i]->TakeEvents(out);
+    for (size_t j = first; j < out->size(); ++j) (*out)[j].tier = static_cast<int32_t>(i + 1);
+  }
+  CountEvents(*out, &m.events_taken);
 }
 
 void OffloadManager::TakeKvEvents(std::vector<KvEvent>* out) {
   Impl& m = *impl_;
-  m.taken = TakeEvents();
+  TakeEvents(&m.taken);
   for (const OffloadingEvent& e : m.taken) m.translator.Translate(e, out);
-  m.taken.clear();
+  m.cpu.RecycleEvents(&m.taken);
 }
 
 Status OffloadManager::PublishEvents() {
@@ -289,6 +339,43 @@ ManagerStats OffloadManager::GetStats() const {
   s.events_published = m.events_published;
   s.event_batches_published = m.event_batches_published;
   s.event_errors = m.event_errors;
+  s.events_taken = m.events_taken;
+  if (m.options.journal != nullptr) s.journal_bytes = m.options.journal->total_bytes();
+  if (!m.tiers.empty()) {
+    s.tiers.resize(m.tiers.size() + 1);
+    for (size_t t = 0; t < s.tiers.size(); ++t) {
+      TierStats& ts = s.tiers[t];
+      const Impl::TierCounters& c = m.tier_counters[t];
+      ts.label = t == 0 ? PrimaryTierLabel() : SecondaryTierLabel(t - 1, m.tiers[t - 1]->name());
+      ts.block_queries = c.queries;
+      ts.block_hits = c.hits;
+      ts.promotion_job_failures = c.promotion_job_failures;
+      ts.cascade_job_failures = c.cascade_job_failures;
+      ts.lookup_sync_delay = c.sync_delay;
+      ts.lookup_async_delay = c.async_delay;
+    }
+    std::vector<size_t> writing(s.tiers.size(), 0), reading(s.tiers.size(), 0);
+    for (const auto& [id, job] : m.jobs) {
+      TierStats& ts = s.tiers[job.tier + 1];
+      if (job.is_promotion) {
+        ++ts.active_promotion_jobs;
+        writing[job.tier + 1] += job.keys.size();
+      } else {
+        ++ts.active_cascade_jobs;
+        reading[job.tier + 1] += job.keys.size();
+      }
+    }
+    for (size_t i = 0; i < m.pending_promotions.size(); ++i) {
+      for (const Impl::PendingPromotion& p : m.pending_promotions[i])
+        writing[i + 1] += p.keys.size();
+    }
+    if (s.num_blocks > 0) {
+      for (size_t t = 1; t < s.tiers.size(); ++t) {
+        s.tiers[t].primary_write_usage = double(writing[t]) / double(s.num_blocks);
+        s.tiers[t].primary_read_usage = double(reading[t]) / double(s.num_blocks);
+      }
+    }
+  }
   return s;
 }
 

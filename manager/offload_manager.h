@@ -103,6 +103,47 @@ struct ChunkMetadata {
 };
 
 // Cumulative counters (never reset by reading; a metrics exporter takes deltas) and gauges.
+// Pre-bucketed observations of one histogram: counts[i] observations in bucket i (non-cumulative,
+// one per upper bound, then +Inf) and their sum.
+struct BucketCounts {
+  std::vector<uint64_t> counts;
+  double sum = 0;
+  void Observe(const std::vector<double>& upper_bounds, double v);
+};
+
+// One tier's share of vLLM's tiering metric family (B.12, label `tier`).
+struct TierStats {
+  std::string label;           // "0:primary" (the CPU tier), "<i+1>:<name>" (secondary tier i)
+  uint64_t block_queries = 0;  // lookups this tier answered (tiered manager only)
+  uint64_t block_hits = 0;     // of which HIT (the CPU tier: HIT or HIT_PENDING)
+  uint64_t promotion_job_failures = 0;
+  uint64_t cascade_job_failures = 0;
+  size_t active_promotion_jobs = 0;
+  size_t active_cascade_jobs = 0;
+  // CPU blocks being written by promotions from this tier / read by cascades to it, over the CPU
+  // tier's size (vLLM's primary_write_usage_perc / primary_read_usage_perc).
+  double primary_write_usage = 0;
+  double primary_read_usage = 0;
+  // Time of each lookup call into this tier (ManagerOptions.clock), LookupSyncDelayBuckets(); and
+  // from a key's first RETRY from this tier until this tier answers it HIT or MISS,
+  // LookupAsyncDelayBuckets() (manager/metrics.h).
+  BucketCounts lookup_sync_delay;
+  BucketCounts lookup_async_delay;
+};
+
+// KV events taken from the manager, per medium and kind, in blocks (an AllBlocksCleared counts 1,
+// under medium "CPU" and kind "cleared").
+struct EventCounts {
+  // Index = medium (kMedia) x kind (kKinds).
+  static constexpr const char* kMedia[] = {"CPU", "STORAGE", "GPU", "other"};
+  static constexpr const char* kKinds[] = {
+      "stored",  "evicted", "failed",
+      "cleared", "restart", "removed"};  // "removed": any other removal reason
+  static constexpr size_t kNumMedia = 4;
+  static constexpr size_t kNumKinds = 6;
+  uint64_t blocks[kNumMedia][kNumKinds] = {};
+};
+
 struct ManagerStats {
   // CPU tier gauges, as vLLM's get_stats (0 for a zero-capacity tier).
   double usage = 0;        // (allocated - free - evictable) / num_blocks: the pinned fraction
@@ -142,6 +183,11 @@ struct ManagerStats {
   uint64_t events_published = 0;  // KV events handed to the journal / publisher
   uint64_t event_batches_published = 0;
   uint64_t event_errors = 0;
+  EventCounts events_taken;    // OffloadingEvents taken (TakeEvents / TakeKvEvents / Publish)
+  uint64_t journal_bytes = 0;  // ManagerOptions.journal's total_bytes() (0 without one)
+
+  // With secondary tiers: [0] the CPU tier, [i + 1] secondary tier i. Empty otherwise.
+  std::vector<TierStats> tiers;
 };
 
 // The blocks a manager holds and has announced as stored, per medium (tests, recovery, audits).
@@ -214,6 +260,10 @@ class OffloadManager {
   // from eviction; the evictions are announced before any store.
   Result<std::optional<PrepareStoreOutput>> PrepareStore(std::span<const OffloadKey> keys,
                                                          const RequestContext& ctx);
+  // The same into a caller-kept output (overwritten; its vectors' capacity is reused, so a
+  // scheduler loop allocates nothing once warm): true when stored, false for "cannot store".
+  Result<bool> PrepareStore(std::span<const OffloadKey> keys, const RequestContext& ctx,
+                            PrepareStoreOutput* out);
   // Success: keys not yet ready become ready (one stored event; already-ready keys are ignored)
   // and are cascaded to every secondary tier. Failure: not-ready keys are dropped, no event.
   // FailedPrecondition when a key is unknown (nothing changes).
@@ -238,6 +288,9 @@ class OffloadManager {
 
   // The OffloadingEvents since the last take: CPU tier first, then each secondary tier's.
   std::vector<OffloadingEvent> TakeEvents();
+  // The same into *out, which is cleared first; the key vectors of the events already in *out go
+  // back to the manager for reuse (a loop that keeps *out allocates nothing for events once warm).
+  void TakeEvents(std::vector<OffloadingEvent>* out);
   // Takes the events and appends their vLLM KV form (B.9) to *out.
   void TakeKvEvents(std::vector<KvEvent>* out);
   // Takes the events and sends them as one EventBatch to the journal / publisher (nothing when

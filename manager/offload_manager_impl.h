@@ -24,7 +24,8 @@ struct OffloadManager::Impl {
         tiers(std::move(options.secondary_tiers)),
         translator(options.self_describing_events),
         clock(options.clock != nullptr ? options.clock : SystemClock()),
-        pending_promotions(tiers.size()) {}
+        pending_promotions(tiers.size()),
+        tier_counters(tiers.empty() ? 0 : tiers.size() + 1) {}
 
   // Sends one batch to the journal / publisher (offload_manager.cc).
   Status SendBatch(std::vector<KvEvent> events);
@@ -78,6 +79,25 @@ struct OffloadManager::Impl {
   std::vector<int32_t> scratch_slots;
   std::vector<JobResult> finished;
   std::vector<OffloadingEvent> taken;
+
+  // Per tier ([0] the CPU tier, [i + 1] secondary tier i), tiered managers only: the tiering
+  // metric family's counters (ManagerStats::tiers).
+  struct TierCounters {
+    uint64_t queries = 0;
+    uint64_t hits = 0;
+    uint64_t promotion_job_failures = 0;
+    uint64_t cascade_job_failures = 0;
+    BucketCounts sync_delay;
+    BucketCounts async_delay;
+    // Keys this tier answered RETRY, since when (MonotonicNanos); bounded by kMaxRetryTracked.
+    std::unordered_map<OffloadKey, int64_t, OffloadKeyHash> retry_since;
+  };
+  static constexpr size_t kMaxRetryTracked = size_t{1} << 20;
+  std::vector<TierCounters> tier_counters;
+  // Times one lookup call into tier `t` (an index into tier_counters) and counts it.
+  template <class Fn>
+  LookupResult TimedTierLookup(size_t t, const OffloadKey& key, Fn lookup);
+  EventCounts events_taken;
 
   // Counters.
   uint64_t promotion_allocation_failures = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -21,19 +22,19 @@ uint32_t SlotsFor(size_t keys) {
   return static_cast<uint32_t>(n);
 }
 
-// Large arrays start on a 2 MiB boundary and ask for transparent huge pages: a lookup touches
-// two random places (slot, node), and on 4 KiB pages each is also a TLB miss.
+// Large arrays ask for transparent huge pages: a lookup touches two random places (slot, node), and
+// on 4 KiB pages each is also a TLB miss. glibc maps such arrays page aligned; the 2 MiB-aligned
+// interior is advised (no over-allocation for alignment: that slack was ~10 bytes per block).
 constexpr size_t kHugePage = size_t{2} << 20;
 
 void* AllocateArray(size_t bytes) {
-  void* p = nullptr;
-  if (bytes >= 2 * kHugePage) {
-    if (posix_memalign(&p, kHugePage, bytes) != 0) p = nullptr;
-    if (p != nullptr) (void)madvise(p, bytes & ~(kHugePage - 1), MADV_HUGEPAGE);
-  } else {
-    p = std::malloc(bytes);
-  }
+  void* p = std::malloc(bytes);
   KVO_CHECK(p != nullptr);
+  if (bytes >= 2 * kHugePage) {
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHugePage - 1) & ~(kHugePage - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHugePage - 1);
+    if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
   return p;
 }
 
@@ -96,8 +97,7 @@ uint32_t NodeTable::Add(const OffloadKey& key, uint64_t hash) {
   const uint32_t i = AllocNode();
   Node& n = at(i);
   const std::string_view d = key.digest();
-  std::memset(n.digest, 0, sizeof(n.digest));
-  std::memcpy(n.digest, d.data(), d.size());
+  std::memcpy(n.digest, key.padded_bytes(), sizeof(n.digest));  // zero padded
   n.group = key.group();
   n.status = BlockStatus{};
   n.w0 = 0;
@@ -269,21 +269,13 @@ Status NodeTable::CheckStructure() const {
   return Status::Ok();
 }
 
-void ProtectedSet::Reset(std::span<const OffloadKey> keys) {
-  keys_ = keys;
-  slots_.clear();
-  if (keys.size() <= kLinearMax) return;
-  size_t n = std::bit_ceil(keys.size() * 2);
-  mask_ = n - 1;
-  slots_.assign(n, 0);
-  hashes_.resize(keys.size());
-  for (size_t k = 0; k < keys.size(); ++k) {
-    const uint64_t h = HashKey(keys[k]);
-    hashes_[k] = h;
-    size_t pos = h & mask_;
-    while (slots_[pos] != 0) pos = (pos + 1) & mask_;
-    slots_[pos] = static_cast<uint32_t>(k + 1);
+void ProtectedSet::Reset(const NodeTable& table, std::span<const OffloadKey> keys) {
+  ids_.clear();
+  for (const OffloadKey& key : keys) {
+    const uint32_t i = table.FindConst(key);
+    if (i != kNil) ids_.push_back(i);
   }
+  if (ids_.size() > kLinearMax) std::sort(ids_.begin(), ids_.end());
 }
 
 }  // namespace kvo::policy_internal

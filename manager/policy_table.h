@@ -55,30 +55,35 @@ inline constexpr uint32_t kNil = (1u << kIndexBits) - 1;  // "no node"; node ind
 inline constexpr uint32_t kIndexMask = kNil;
 inline constexpr uint32_t kNoList = 3;
 
+// Loads 8 bytes (unaligned).
+inline uint64_t Load64(const uint8_t* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
+}
+
+// 64x64 -> 128-bit multiply, folded (both halves mixed).
+__extension__ using Uint128 = unsigned __int128;  // GCC and clang, 64-bit targets
+inline uint64_t MulFold(uint64_t a, uint64_t b) {
+  const Uint128 p = static_cast<Uint128>(a) * b;
+  return static_cast<uint64_t>(p) ^ static_cast<uint64_t>(p >> 64);
+}
+
 // A key's hash from its parts (so nodes and OffloadKeys hash alike without building a key).
+// `digest` points at kMaxHashBytes bytes, zero past `len` (OffloadKey and Node both keep that
+// padding), so the hash reads all 32 bytes without branching: two independent 128-bit multiplies.
+// The group and length enter through the first word (a key's first 8 digest bytes XOR
+// (group << 8) XOR len), which tests rely on to craft colliding keys.
 inline uint64_t HashKeyParts(const uint8_t* digest, size_t len, uint32_t group) {
-  uint64_t h = (uint64_t{group} << 8) ^ len ^ 0x9e3779b97f4a7c15ULL;
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, digest + i, 8);
-    h = (h ^ w) * 0xff51afd7ed558ccdULL;
-    h ^= h >> 32;
-  }
-  if (i < len) {
-    uint64_t w = 0;
-    std::memcpy(&w, digest + i, len - i);
-    h = (h ^ w) * 0xff51afd7ed558ccdULL;
-  }
-  h ^= h >> 33;
-  h *= 0xc4ceb9fe1a85ec53ULL;
-  h ^= h >> 33;
-  return h;
+  const uint64_t x0 = Load64(digest) ^ (uint64_t{group} << 8) ^ len ^ 0x9e3779b97f4a7c15ULL;
+  const uint64_t a = MulFold(x0, Load64(digest + 8) ^ 0xe7037ed1a0b428dbULL);
+  const uint64_t b = MulFold(Load64(digest + 16) ^ 0x8ebc6af09c88c6e3ULL,
+                             Load64(digest + 24) ^ 0x589965cc75374cc3ULL);
+  return a ^ b;
 }
 
 inline uint64_t HashKey(const OffloadKey& key) {
-  std::string_view d = key.digest();
-  return HashKeyParts(reinterpret_cast<const uint8_t*>(d.data()), d.size(), key.group());
+  return HashKeyParts(key.padded_bytes(), key.digest().size(), key.group());
 }
 
 struct Node {
@@ -102,13 +107,13 @@ struct Node {
   }
   uint64_t Hash() const { return HashKeyParts(digest, len(), group); }
   bool Equals(const OffloadKey& key) const {
-    const std::string_view d = key.digest();
-    const size_t n = d.size();
-    if (n != len() || group != key.group()) return false;
-    // Fixed sizes compile to inline compares (sha256 digests, wire hashes).
-    if (n == 32) return std::memcmp(digest, d.data(), 32) == 0;
-    if (n == 8) return std::memcmp(digest, d.data(), 8) == 0;
-    return std::memcmp(digest, d.data(), n) == 0;
+    // Both sides are zero padded to 32 bytes: compare everything without branching.
+    const uint8_t* k = key.padded_bytes();
+    const uint64_t diff = (Load64(digest) ^ Load64(k)) | (Load64(digest + 8) ^ Load64(k + 8)) |
+                          (Load64(digest + 16) ^ Load64(k + 16)) |
+                          (Load64(digest + 24) ^ Load64(k + 24)) | (group ^ key.group()) |
+                          (len() ^ key.digest().size());
+    return diff == 0;
   }
   OffloadKey Key() const {
     return OffloadKey::FromDigest(std::string_view(reinterpret_cast<const char*>(digest), len()),
@@ -139,6 +144,14 @@ class NodeTable {
     return i;
   }
   uint32_t FindConst(const OffloadKey& key) const { return FindHashed(key, HashKey(key)); }
+  // The status of a key whose node is in a list <= max_list (the policy's cached lists), else
+  // nullptr. Read-only, no memo: the manager's lookup path.
+  const BlockStatus* PeekStatus(const OffloadKey& key, uint32_t max_list) const {
+    const uint32_t i = FindConst(key);
+    if (i == kNil) return nullptr;
+    const Node& n = at(i);
+    return n.list() <= max_list ? &n.status : nullptr;
+  }
   // Adds an absent key whose hash is `hash` (REQUIRES: Find(key) == kNil); the node is in no
   // list, status default.
   uint32_t Add(const OffloadKey& key, uint64_t hash);
@@ -253,32 +266,35 @@ class NodeTable {
   uint32_t memo_ = kNil;  // the last node found or added (a live node) or kNil
 };
 
-// The protected keys of one Evict call: Contains(node) is a hash probe, no allocation once warm.
+// Implemented by the built-in policies so that the manager's lookup probes their table directly
+// (no virtual call, no memo update): a key is cached when its node's list is <= max_cached_list().
+// PeekStatus(key, max_cached_list()) must equal Get(key) at every moment.
+class TableBackedPolicy {
+ public:
+  virtual ~TableBackedPolicy() = default;
+  virtual const NodeTable& table() const = 0;
+  virtual uint32_t max_cached_list() const = 0;
+};
+
+// The protected keys of one Evict call, as the node indices of those present in the table (an
+// absent key cannot be a victim). Contains(node) is a scan of at most kLinearMax ids or a binary
+// search; no allocation once warm.
 class ProtectedSet {
  public:
-  void Reset(std::span<const OffloadKey> keys);
-  bool empty() const { return keys_.empty(); }
-  bool Contains(const Node& node) const {
-    if (keys_.empty()) return false;
-    if (slots_.empty()) {
-      for (const OffloadKey& k : keys_)
-        if (node.Equals(k)) return true;
-      return false;
+  void Reset(const NodeTable& table, std::span<const OffloadKey> keys);
+  void Clear() { ids_.clear(); }
+  bool Contains(uint32_t node) const {
+    if (ids_.size() <= kLinearMax) {
+      bool found = false;
+      for (uint32_t id : ids_) found |= id == node;
+      return found;
     }
-    const uint64_t h = node.Hash();
-    for (size_t pos = h & mask_;; pos = (pos + 1) & mask_) {
-      const uint32_t s = slots_[pos];
-      if (s == 0) return false;
-      if (hashes_[s - 1] == h && node.Equals(keys_[s - 1])) return true;
-    }
+    return std::binary_search(ids_.begin(), ids_.end(), node);
   }
 
  private:
-  static constexpr size_t kLinearMax = 8;
-  std::span<const OffloadKey> keys_;
-  std::vector<uint64_t> hashes_;
-  std::vector<uint32_t> slots_;  // position + 1; 0 = empty
-  size_t mask_ = 0;
+  static constexpr size_t kLinearMax = 16;
+  std::vector<uint32_t> ids_;
 };
 
 }  // namespace kvo::policy_internal

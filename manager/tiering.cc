@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "manager/metrics.h"
 #include "manager/offload_manager_impl.h"
 
 namespace kvo {
@@ -22,16 +23,40 @@ bool OffloadManager::Impl::TierAllowed(const SecondaryTier& tier, const RequestC
   return false;
 }
 
+template <class Fn>
+LookupResult OffloadManager::Impl::TimedTierLookup(size_t t, const OffloadKey& key, Fn lookup) {
+  static const std::vector<double> kSyncBounds = LookupSyncDelayBuckets();
+  static const std::vector<double> kAsyncBounds = LookupAsyncDelayBuckets();
+  TierCounters& c = tier_counters[t];
+  const int64_t start = clock->MonotonicNanos();
+  const LookupResult r = lookup();
+  const int64_t end = clock->MonotonicNanos();
+  c.sync_delay.Observe(kSyncBounds, static_cast<double>(end - start) / 1e9);
+  ++c.queries;
+  if (r == LookupResult::kHit || (t == 0 && r == LookupResult::kHitPending)) ++c.hits;
+  if (r == LookupResult::kRetry) {
+    if (c.retry_since.size() >= kMaxRetryTracked) c.retry_since.clear();  // bounded memory
+    c.retry_since.try_emplace(key, end);
+  } else if (!c.retry_since.empty()) {
+    auto it = c.retry_since.find(key);
+    if (it != c.retry_since.end()) {
+      c.async_delay.Observe(kAsyncBounds, static_cast<double>(end - it->second) / 1e9);
+      c.retry_since.erase(it);
+    }
+  }
+  return r;
+}
+
 LookupResult OffloadManager::Impl::TieredLookup(const OffloadKey& key, const RequestContext& ctx) {
   MaybeProcessFinishedJobs();
-  const LookupResult primary = cpu.Lookup(key);
+  const LookupResult primary = TimedTierLookup(0, key, [&] { return cpu.Lookup(key); });
   if (primary == LookupResult::kHit || primary == LookupResult::kHitPending) return primary;
 
   bool retry = false;
   for (size_t i = 0; i < tiers.size(); ++i) {
     SecondaryTier& tier = *tiers[i];
     if (!TierAllowed(tier, ctx)) continue;
-    const LookupResult r = tier.Lookup(key, ctx);
+    const LookupResult r = TimedTierLookup(i + 1, key, [&] { return tier.Lookup(key, ctx); });
     if (r == LookupResult::kRetry) retry = true;
     if (r != LookupResult::kHit) continue;
     // Promotion: a CPU slot in the writing state now, so later lookups of the key (this step,
@@ -78,14 +103,20 @@ void OffloadManager::Impl::ProcessFinishedJobs() {
       jobs.erase(it);
       if (!job.is_promotion) {
         // Cascade done: release the pins taken when it was submitted.
-        if (!r.success) ++cascade_job_failures;
+        if (!r.success) {
+          ++cascade_job_failures;
+          ++tier_counters[i + 1].cascade_job_failures;
+        }
         Status s = cpu.CompleteLoad(job.keys);
         if (!s.ok()) KVO_LOG_ERROR("offload manager: cascade unpin: {}", s.ToString());
         continue;
       }
       // Promotion landed: the keys that made it become ready CPU blocks (one stored event);
       // the others give their slots back.
-      if (!r.success) ++promotion_job_failures;
+      if (!r.success) {
+        ++promotion_job_failures;
+        ++tier_counters[i + 1].promotion_job_failures;
+      }
       std::vector<OffloadKey> ok_keys;
       std::vector<OffloadKey> failed_keys;
       if (r.success) {
@@ -124,6 +155,7 @@ void OffloadManager::Impl::FlushPromotions() {
         KVO_LOG_WARN("offload manager: tier {} ({}) refused a promotion: {}", i, tiers[i]->name(),
                      s.ToString());
         ++promotion_job_failures;
+        ++tier_counters[i + 1].promotion_job_failures;
         Job failed = std::move(jobs[job.job_id]);
         jobs.erase(job.job_id);
         changed.clear();
@@ -146,6 +178,7 @@ void OffloadManager::Impl::Cascade(std::span<const OffloadKey> keys, const std::
     if (!s.ok()) {
       KVO_LOG_ERROR("offload manager: cascade pin: {}", s.ToString());
       ++cascade_job_failures;
+      ++tier_counters[i + 1].cascade_job_failures;
       continue;
     }
     job.req_id = req_id;
@@ -155,6 +188,7 @@ void OffloadManager::Impl::Cascade(std::span<const OffloadKey> keys, const std::
       KVO_LOG_WARN("offload manager: tier {} ({}) refused a cascade: {}", i, tiers[i]->name(),
                    s.ToString());
       ++cascade_job_failures;
+      ++tier_counters[i + 1].cascade_job_failures;
       jobs.erase(job.job_id);
       cpu.CompleteLoad(keys).IgnoreError();
     }
@@ -192,6 +226,7 @@ void OffloadManager::Impl::ResetTiering() {
     }
   }
   processed_jobs_this_step = false;
+  for (TierCounters& c : tier_counters) c.retry_since.clear();
 }
 
 }  // namespace kvo
