@@ -39,6 +39,7 @@ double Percentile(std::vector<double> v, double p);
 int RunEventsBench(const BenchOptions& options);
 int RunJournalBench(const BenchOptions& options);  // bench/journal_bench.cc
 int RunManagerBench(const BenchOptions& options);  // bench/manager_bench.cc
+int RunIndexerBench(const BenchOptions& options);  // bench/indexer_bench.cc
 // bench/transfer_bench.cc: all transfer cases; the host engine's cases alone.
 int RunTransferBench(const BenchOptions& options);
 int RunHostTransferCases(const BenchOptions& options);

@@ -10,7 +10,8 @@ void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
-  cmd->add_option("area", *area, "events | journal | manager | transfer | fs")->required();
+  cmd->add_option("area", *area, "events | journal | manager | transfer | fs | indexer")
+      ->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
@@ -27,9 +28,12 @@ void AddBenchCommand(CLI::App& app) {
       SetExitCode(bench::RunTransferBench(*options));
     } else if (*area == "fs") {
       SetExitCode(bench::RunFsBench(*options));
+    } else if (*area == "indexer") {
+      SetExitCode(bench::RunIndexerBench(*options));
     } else if (!bench::HasRegisteredBenchCases(*area)) {
-      Fail(Status::InvalidArgument("unknown bench area '" + *area +
-                                   "' (available: events, journal, manager, transfer, fs)"));
+      Fail(Status::InvalidArgument(
+          "unknown bench area '" + *area +
+          "' (available: events, journal, manager, transfer, fs, indexer)"));
     }
     if (bench::RunRegisteredBenchCases(*area, *options) != 0) SetExitCode(1);
   });
