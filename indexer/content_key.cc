@@ -1,0 +1,60 @@
+// kvo's content key (schemas/index.md): chained XXH3-64 over little-endian token ids.
+#include <cstring>
+#include <string>
+
+#include "indexer/indexer.h"
+#include "xxhash.h"
+
+namespace kvo {
+namespace {
+
+inline void PutLe64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+// 0 means "no content key" everywhere in the index; a real key of 0 is mapped to 1.
+inline uint64_t NonZero(uint64_t k) { return k == 0 ? 1 : k; }
+
+}  // namespace
+
+uint64_t ContentKeyRoot(std::string_view lora_name) {
+  static constexpr char kTag[] = "kvo-content-v1";
+  std::string buf(kTag, sizeof(kTag));  // includes the terminating 0x00
+  buf.append(lora_name.data(), lora_name.size());
+  return NonZero(XXH3_64bits(buf.data(), buf.size()));
+}
+
+uint64_t ContentKey(uint64_t parent, std::span<const int64_t> block_tokens) {
+  unsigned char stack[8 + 8 * 64];
+  std::string heap;
+  unsigned char* p = stack;
+  const size_t n = 8 + 8 * block_tokens.size();
+  if (n > sizeof(stack)) {
+    heap.resize(n);
+    p = reinterpret_cast<unsigned char*>(heap.data());
+  }
+  PutLe64(p, parent);
+  for (size_t i = 0; i < block_tokens.size(); ++i) {
+    PutLe64(p + 8 + 8 * i, static_cast<uint64_t>(block_tokens[i]));
+  }
+  return NonZero(XXH3_64bits(p, n));
+}
+
+Result<std::vector<uint64_t>> ContentKeys(std::span<const int64_t> token_ids, int64_t block_size,
+                                          std::string_view lora_name) {
+  if (block_size <= 0) {
+    return Status::InvalidArgument("block_size must be positive, got " +
+                                   std::to_string(block_size));
+  }
+  const size_t bs = static_cast<size_t>(block_size);
+  std::vector<uint64_t> keys;
+  keys.reserve(token_ids.size() / bs);
+  uint64_t parent = ContentKeyRoot(lora_name);
+  for (size_t i = 0; i + bs <= token_ids.size(); i += bs) {
+    parent = ContentKey(parent, token_ids.subspan(i, bs));
+    keys.push_back(parent);
+  }
+  return keys;
+}
+
+}  // namespace kvo
