@@ -260,6 +260,32 @@ std::string RenderError(std::string_view message) {
   return out.dump(-1, ' ', false, OJson::error_handler_t::replace);
 }
 
+std::string ParseErrorMessage(std::string_view body) {
+  try {
+    json doc = json::parse(body);
+    if (doc.is_object() && doc.contains("error") && doc["error"].is_string()) {
+      return doc["error"].get<std::string>();
+    }
+  } catch (const json::exception&) {
+  }
+  return std::string(body.substr(0, 512));
+}
+
+std::string RenderScoreRequest(const ScoreQuery& q) {
+  OJson out;
+  if (!q.token_ids.empty()) out["token_ids"] = q.token_ids;
+  if (!q.block_hashes.empty()) out["block_hashes"] = q.block_hashes;
+  if (q.block_size) out["block_size"] = *q.block_size;
+  if (q.lora_name) out["lora_name"] = *q.lora_name;
+  if (!q.weights.empty()) {
+    OJson w = OJson::object();
+    for (const auto& [m, v] : q.weights) w[m] = v;
+    out["weights"] = std::move(w);
+  }
+  if (!q.sources.empty()) out["sources"] = q.sources;
+  return out.dump(-1, ' ', false, OJson::error_handler_t::replace);
+}
+
 namespace {
 
 OJson ParityJson(const SourceStatus& s) {

@@ -51,6 +51,11 @@ std::string RenderExplainResponse(const ExplainResult& result, int64_t query_tok
 
 // {"error": message}
 std::string RenderError(std::string_view message);
+// The "error" of such a body; the body itself when it is not one.
+std::string ParseErrorMessage(std::string_view body);
+
+// The /v1/score body for a query (the inverse of ParseScoreRequest).
+std::string RenderScoreRequest(const ScoreQuery& query);
 
 // One stream's status in GET /v1/sources.
 struct StreamStatus {

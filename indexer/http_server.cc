@@ -114,14 +114,11 @@ Result<HttpClientResult> HttpCall(const HttpAddress& address, const std::string&
     client.set_connection_timeout(timeout);
     client.set_read_timeout(timeout);
     client.set_write_timeout(timeout);
-    httplib::Result res;
-    if (method == "GET") {
-      res = client.Get(path);
-    } else if (method == "POST") {
-      res = client.Post(path, body, "application/json");
-    } else {
+    if (method != "GET" && method != "POST") {
       return Status::InvalidArgument("HttpCall: unsupported method '" + method + "'");
     }
+    httplib::Result res =
+        method == "GET" ? client.Get(path) : client.Post(path, body, "application/json");
     if (!res) {
       return Status::Unavailable("HTTP " + method + " http://" + address.host + ":" +
                                  std::to_string(address.port) + path + ": " +

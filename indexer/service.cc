@@ -109,7 +109,6 @@ struct IndexerService::Impl {
   void RunStream(StreamState* s);
   // Waits up to `ms` unless stopping; false when stopping.
   bool WaitFor(int64_t ms);
-  void MarkActivity(StreamState* s);
   // A loss (restart, unrecoverable gap) on stream `s`: clear the source when the stream holds
   // anything. Updates *my_generation.
   void HandleLoss(StreamState* s, const std::string& why, uint64_t* my_generation);
@@ -228,17 +227,12 @@ Status IndexerService::Impl::RegisterStream(StreamState* s) {
   return Status::Ok();
 }
 
-void IndexerService::Impl::MarkActivity(StreamState* s) {
-  MutexLock lock(&s->mu);
-  s->last_activity_ns = clock->MonotonicNanos();
-}
-
 void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why,
                                       uint64_t* my_generation) {
   SourceState* src = s->source;
   MutexLock lock(&src->mu);
   auto last = index->LastSequence(s->stream.source, s->stream.dp_rank);
-  if (!last.ok()) {
+  if (!last.ok() && last.status().code() == StatusCode::kNotFound) {
     // The stream holds nothing (new, or its source was just cleared): nothing is stale.
     KVO_LOG_INFO("source '{}' rank {}: {}; the stream holds nothing yet, nothing to clear",
                  s->stream.source, s->stream.dp_rank, why);
@@ -259,7 +253,8 @@ void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why,
     KVO_LOG_WARN(
         "source '{}' rank {}: {}: cleared the source's entries (last applied seq {}); rebuilding "
         "from what follows",
-        s->stream.source, s->stream.dp_rank, why, *last);
+        s->stream.source, s->stream.dp_rank, why,
+        last.ok() ? std::to_string(*last) : last.status().ToString());
   } else {
     KVO_LOG_ERROR("source '{}' rank {}: {}: clearing the source failed: {}", s->stream.source,
                   s->stream.dp_rank, why, st.ToString());

@@ -14,6 +14,7 @@ void AddBenchCommand(CLI::App& app);    // kvo bench <area> [--json]
 void AddDemoCommand(CLI::App& app);     // kvo demo
 void AddPlanCommand(CLI::App& app);     // kvo plan
 void AddManagerCommand(CLI::App& app);  // kvo manager ops
+void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
 
 void SetExitCode(int code);
 // Prints "kvo: <status>" to stderr and records exit code 1 (2 for invalid arguments).

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   kvo::cli::AddDemoCommand(app);
   kvo::cli::AddPlanCommand(app);
   kvo::cli::AddManagerCommand(app);
+  kvo::cli::AddIndexCommands(app);
 
   CLI11_PARSE(app, argc, argv);
   return kvo::cli::g_exit_code;
