@@ -27,7 +27,8 @@ class IndexerClient {
   Status Health() const;
 
  private:
-  IndexerClient(HttpAddress address, int timeout_ms) : address_(std::move(address)), timeout_ms_(timeout_ms) {}
+  IndexerClient(HttpAddress address, int timeout_ms)
+      : address_(std::move(address)), timeout_ms_(timeout_ms) {}
   Result<std::string> Call(const std::string& method, const std::string& path,
                            const std::string& body) const;
 

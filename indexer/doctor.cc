@@ -97,8 +97,7 @@ std::optional<size_t> HashParityDoctor::CountMatches(const BlockStored& stored, 
   for (const BlockHash& h : stored.block_hashes) {
     if (h.kind == BlockHash::Kind::kInt) return std::nullopt;  // Python's builtin hash()
   }
-  BlockHasher* hasher =
-      algo == HashAlgo::kSha256 ? hasher_sha256_.get() : hasher_cbor_.get();
+  BlockHasher* hasher = algo == HashAlgo::kSha256 ? hasher_sha256_.get() : hasher_cbor_.get();
   Value lora;
   if (extra_mode == kExtraLora) {
     if (!stored.lora_name) return std::nullopt;
@@ -153,11 +152,11 @@ void HashParityDoctor::CheckStored(const BlockStored& stored) {
     return;
   }
   std::vector<std::string> digests;
-  auto matches = CountMatches(stored, config_->algo, none_hash_, config_->block_size,
-                              kExtraAsEvent, &digests);
+  auto matches =
+      CountMatches(stored, config_->algo, none_hash_, config_->block_size, kExtraAsEvent, &digests);
   const size_t tokens = stored.token_ids.size();
-  bool shape_mismatch = tokens % n == 0 &&
-                        (tokens / n) % static_cast<uint64_t>(config_->block_size) != 0;
+  bool shape_mismatch =
+      tokens % n == 0 && (tokens / n) % static_cast<uint64_t>(config_->block_size) != 0;
   if (!matches && !shape_mismatch) {
     report_.unverifiable_blocks += n;  // parent unknown, odd hash form, ragged tokens
     return;
@@ -173,13 +172,14 @@ void HashParityDoctor::CheckStored(const BlockStored& stored) {
   }
   uint64_t before = report_.mismatched_blocks;
   report_.mismatched_blocks += n - matched;
-  if (mismatched_metric_ != nullptr) mismatched_metric_->Increment(static_cast<double>(n - matched));
+  if (mismatched_metric_ != nullptr)
+    mismatched_metric_->Increment(static_cast<double>(n - matched));
   if (state_metric_ != nullptr) state_metric_->Set(1);
   report_.state = ParityState::kMismatch;
   if (report_.cause.empty()) {
     size_t first_bad = 0;
-    while (first_bad < digests.size() && HashMatches(stored.block_hashes[first_bad],
-                                                     digests[first_bad])) {
+    while (first_bad < digests.size() &&
+           HashMatches(stored.block_hashes[first_bad], digests[first_bad])) {
       ++first_bad;
     }
     report_.example =
@@ -197,8 +197,8 @@ void HashParityDoctor::CheckStored(const BlockStored& stored) {
     KVO_LOG_ERROR(
         "hash parity MISMATCH on source '{}': {} of {} verified blocks differ; likely cause: {} "
         "({}); e.g. {}",
-        source_, report_.mismatched_blocks, report_.checked_blocks, report_.cause,
-        report_.detail, report_.example);
+        source_, report_.mismatched_blocks, report_.checked_blocks, report_.cause, report_.detail,
+        report_.example);
   }
 }
 
@@ -235,8 +235,7 @@ void HashParityDoctor::Diagnose(const BlockStored& stored) {
       stored.block_size != per_hash) {
     sizes.push_back(stored.block_size);
   }
-  const HashAlgo other =
-      cfg.algo == HashAlgo::kSha256 ? HashAlgo::kSha256Cbor : HashAlgo::kSha256;
+  const HashAlgo other = cfg.algo == HashAlgo::kSha256 ? HashAlgo::kSha256Cbor : HashAlgo::kSha256;
   for (int mode : {kExtraAsEvent, kExtraNone, kExtraLora}) {
     for (int64_t size : sizes) {
       for (HashAlgo algo : {cfg.algo, other}) {

@@ -38,7 +38,7 @@ const char* ParityStateName(ParityState state);
 
 struct ParityReport {
   ParityState state = ParityState::kUnconfigured;
-  uint64_t checked_blocks = 0;     // blocks whose hash was recomputed
+  uint64_t checked_blocks = 0;  // blocks whose hash was recomputed
   uint64_t matched_blocks = 0;
   uint64_t mismatched_blocks = 0;
   uint64_t unverifiable_blocks = 0;  // no token ids, unknown parent, odd hash form
@@ -100,7 +100,7 @@ class HashParityDoctor {
   mutable Mutex mu_;
   ParityReport report_ GUARDED_BY(mu_);
   uint64_t events_seen_ GUARDED_BY(mu_) = 0;
-  std::string none_hash_ GUARDED_BY(mu_);                            // configured NONE_HASH
+  std::string none_hash_ GUARDED_BY(mu_);                              // configured NONE_HASH
   std::unordered_map<uint64_t, std::string> digests_ GUARDED_BY(mu_);  // wire hash -> digest
   std::unique_ptr<BlockHasher> hasher_sha256_ GUARDED_BY(mu_);
   std::unique_ptr<BlockHasher> hasher_cbor_ GUARDED_BY(mu_);

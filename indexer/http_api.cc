@@ -32,7 +32,8 @@ const char* TypeName(const json& v) {
 }
 
 Status ParseTokens(const json& v, const ScoreRequestLimits& limits, ScoreQuery* q) {
-  if (!v.is_array()) return Bad(std::string("'token_ids' must be an array of integers, got ") + TypeName(v));
+  if (!v.is_array())
+    return Bad(std::string("'token_ids' must be an array of integers, got ") + TypeName(v));
   if (v.empty()) return Bad("'token_ids' is empty");
   if (static_cast<int64_t>(v.size()) > limits.max_query_tokens) {
     return Bad("'token_ids' has " + std::to_string(v.size()) + " tokens, more than the maximum " +
@@ -92,7 +93,8 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
   } catch (const json::exception& e) {
     return Bad(std::string("invalid JSON: ") + e.what());
   }
-  if (!doc.is_object()) return Bad(std::string("the body must be a JSON object, got ") + TypeName(doc));
+  if (!doc.is_object())
+    return Bad(std::string("the body must be a JSON object, got ") + TypeName(doc));
   ScoreQuery q;
   bool has_tokens = false;
   bool has_hashes = false;
@@ -109,7 +111,8 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
         if (!v.is_number_integer() || v.is_number_float()) {
           return Bad("'block_size' must be a positive integer, got " + Show(v));
         }
-        if ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(limits.max_block_size)) ||
+        if ((v.is_number_unsigned() &&
+             v.get<uint64_t>() > static_cast<uint64_t>(limits.max_block_size)) ||
             v.get<int64_t>() < 1 || v.get<int64_t>() > limits.max_block_size) {
           return Bad("'block_size' must be in [1, " + std::to_string(limits.max_block_size) +
                      "], got " + Show(v));
@@ -121,7 +124,8 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
         q.lora_name = v.get<std::string>();
       } else if (key == "weights") {
         if (!v.is_object()) {
-          return Bad(std::string("'weights' must be an object of medium: number, got ") + TypeName(v));
+          return Bad(std::string("'weights' must be an object of medium: number, got ") +
+                     TypeName(v));
         }
         for (const auto& [medium, w] : v.items()) {
           if (medium.empty()) return Bad("'weights' has an empty medium name");

@@ -39,8 +39,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& o
     try {
       out = handler(r);
     } catch (const std::exception& e) {
-      out = HttpResponse{500, "application/json",
-                         std::string("{\"error\":\"internal error\"}")};
+      out = HttpResponse{500, "application/json", std::string("{\"error\":\"internal error\"}")};
       KVO_LOG_ERROR("http {} {}: {}", req.method, req.path, e.what());
     }
     res.status = out.status;

@@ -28,7 +28,7 @@ struct HttpResponse {
 };
 
 struct HttpServerOptions {
-  HttpAddress address;               // port 0: any free port
+  HttpAddress address;  // port 0: any free port
   int worker_threads = 4;
   size_t max_body_bytes = 64u << 20;  // a larger request is refused (413)
   int read_timeout_s = 10;
@@ -62,7 +62,6 @@ struct HttpClientResult {
   std::string body;
 };
 Result<HttpClientResult> HttpCall(const HttpAddress& address, const std::string& method,
-                                  const std::string& path, const std::string& body,
-                                  int timeout_ms);
+                                  const std::string& path, const std::string& body, int timeout_ms);
 
 }  // namespace kvo

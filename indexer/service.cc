@@ -131,17 +131,17 @@ bool IndexerService::Impl::WaitFor(int64_t ms) {
 }
 
 Status IndexerService::Impl::RegisterMetrics() {
-  KVO_ASSIGN_OR_RETURN(auto* score_family,
-                       metrics.AddCounterFamily("kvo_indexer_score_requests",
-                                                "Score and explain requests by outcome",
-                                                {"outcome"}));
+  KVO_ASSIGN_OR_RETURN(
+      auto* score_family,
+      metrics.AddCounterFamily("kvo_indexer_score_requests",
+                               "Score and explain requests by outcome", {"outcome"}));
   KVO_ASSIGN_OR_RETURN(score_ok, score_family->WithLabels({"ok"}));
   KVO_ASSIGN_OR_RETURN(score_bad, score_family->WithLabels({"bad_request"}));
   KVO_ASSIGN_OR_RETURN(score_err, score_family->WithLabels({"error"}));
-  KVO_ASSIGN_OR_RETURN(score_latency,
-                       metrics.AddHistogram("kvo_indexer_score_latency_seconds",
-                                            "Time to score one request (parse to render)",
-                                            LatencyBuckets()));
+  KVO_ASSIGN_OR_RETURN(
+      score_latency,
+      metrics.AddHistogram("kvo_indexer_score_latency_seconds",
+                           "Time to score one request (parse to render)", LatencyBuckets()));
   KVO_ASSIGN_OR_RETURN(memory_bytes, metrics.AddGauge("kvo_indexer_memory_bytes",
                                                       "Resident bytes of the scoring structure"));
   KVO_ASSIGN_OR_RETURN(blocks_in_memory, metrics.AddGauge("kvo_indexer_blocks_in_memory",
@@ -182,29 +182,27 @@ Status IndexerService::Impl::RegisterStream(StreamState* s) {
     KVO_ASSIGN_OR_RETURN(f.clears,
                          metrics.AddCounterFamily("kvo_indexer_source_clears",
                                                   "Sources cleared after a loss", labels));
-    KVO_ASSIGN_OR_RETURN(f.decode_errors,
-                         metrics.AddCounterFamily("kvo_indexer_decode_errors",
-                                                  "Batches that failed to decode (skipped)",
-                                                  labels));
+    KVO_ASSIGN_OR_RETURN(f.decode_errors, metrics.AddCounterFamily(
+                                              "kvo_indexer_decode_errors",
+                                              "Batches that failed to decode (skipped)", labels));
     KVO_ASSIGN_OR_RETURN(f.malformed,
                          metrics.AddCounterFamily("kvo_indexer_malformed_messages",
                                                   "Malformed bus messages (dropped)", labels));
-    KVO_ASSIGN_OR_RETURN(f.apply_errors,
-                         metrics.AddCounterFamily("kvo_indexer_apply_errors",
-                                                  "Batches the index refused", labels));
-    KVO_ASSIGN_OR_RETURN(f.unknown_removals,
-                         metrics.AddCounterFamily("kvo_indexer_unknown_removals",
-                                                  "Removals of hashes the stream did not hold",
-                                                  labels));
-    KVO_ASSIGN_OR_RETURN(f.last_seq,
-                         metrics.AddGaugeFamily("kvo_indexer_last_sequence",
-                                                "Last applied sequence", labels));
-    KVO_ASSIGN_OR_RETURN(f.lag, metrics.AddGaugeFamily(
-                                    "kvo_indexer_lag_seconds",
-                                    "Now minus the timestamp of the last applied batch", labels));
-    KVO_ASSIGN_OR_RETURN(f.connected,
-                         metrics.AddGaugeFamily("kvo_indexer_connected",
-                                                "1 while the stream is answering", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.apply_errors,
+        metrics.AddCounterFamily("kvo_indexer_apply_errors", "Batches the index refused", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.unknown_removals,
+        metrics.AddCounterFamily("kvo_indexer_unknown_removals",
+                                 "Removals of hashes the stream did not hold", labels));
+    KVO_ASSIGN_OR_RETURN(f.last_seq, metrics.AddGaugeFamily("kvo_indexer_last_sequence",
+                                                            "Last applied sequence", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.lag, metrics.AddGaugeFamily("kvo_indexer_lag_seconds",
+                                      "Now minus the timestamp of the last applied batch", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.connected,
+        metrics.AddGaugeFamily("kvo_indexer_connected", "1 while the stream is answering", labels));
     families = f;
     families_registered = true;
   }
@@ -261,8 +259,7 @@ void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why,
   }
 }
 
-bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b,
-                                 uint64_t* my_generation) {
+bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_t* my_generation) {
   SourceState* src = s->source;
   if (b.batch.data_parallel_rank && *b.batch.data_parallel_rank != s->stream.dp_rank &&
       !s->rank_mismatch_logged) {
@@ -357,8 +354,8 @@ void IndexerService::Impl::RunStream(StreamState* s) {
     while (!stopping.load() && !resubscribe) {
       auto next = sub->Next(kPollSlice);
       if (!next.ok()) {
-        KVO_LOG_ERROR("source '{}' rank {}: subscriber failed: {}; resubscribing",
-                      s->stream.source, s->stream.dp_rank, next.status().ToString());
+        KVO_LOG_ERROR("source '{}' rank {}: subscriber failed: {}; resubscribing", s->stream.source,
+                      s->stream.dp_rank, next.status().ToString());
         MutexLock lock(&s->mu);
         s->status.last_error = next.status().ToString();
         resubscribe = true;
@@ -367,8 +364,8 @@ void IndexerService::Impl::RunStream(StreamState* s) {
       std::optional<ReceivedBatch> batch = std::move(next).value();
       // Fold the subscriber's counters in.
       SubscriberStats now = sub->stats();
-      bool answered = now.live_received > seen.live_received ||
-                      now.replayed_received > seen.replayed_received;
+      bool answered =
+          now.live_received > seen.live_received || now.replayed_received > seen.replayed_received;
       bool replay_timed_out = false;
       for (const SubscriberNotice& n : sub->TakeNotices()) {
         switch (n.kind) {
@@ -397,8 +394,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
       }
       if (now.replay_requests > seen.replay_requests && !replay_timed_out) answered = true;
       s->metrics.gaps_filled->Increment(static_cast<double>(now.gaps_filled - seen.gaps_filled));
-      s->metrics.batches_lost->Increment(
-          static_cast<double>(now.batches_lost - seen.batches_lost));
+      s->metrics.batches_lost->Increment(static_cast<double>(now.batches_lost - seen.batches_lost));
       s->metrics.restarts->Increment(static_cast<double>(now.restarts - seen.restarts));
       s->metrics.decode_errors->Increment(
           static_cast<double>(now.decode_errors - seen.decode_errors));
@@ -431,9 +427,10 @@ void IndexerService::Impl::RunStream(StreamState* s) {
         if (s->source->generation != my_generation) resubscribe = true;
       }
       if (resubscribe) {
-        KVO_LOG_INFO("source '{}' rank {}: the source was cleared by a sibling rank; "
-                     "resubscribing from scratch",
-                     s->stream.source, s->stream.dp_rank);
+        KVO_LOG_INFO(
+            "source '{}' rank {}: the source was cleared by a sibling rank; "
+            "resubscribing from scratch",
+            s->stream.source, s->stream.dp_rank);
         MutexLock lock(&s->source->mu);
         my_generation = s->source->generation;
         break;
@@ -618,15 +615,13 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
   CounterFamily* checked = nullptr;
   CounterFamily* mismatched = nullptr;
   GaugeFamily* parity = nullptr;
-  KVO_ASSIGN_OR_RETURN(checked,
-                       impl->metrics.AddCounterFamily("kvo_indexer_hash_parity_checked_blocks",
-                                                      "Blocks whose hash the doctor recomputed",
-                                                      {"source"}));
-  KVO_ASSIGN_OR_RETURN(
-      mismatched,
-      impl->metrics.AddCounterFamily("kvo_indexer_hash_parity_mismatched_blocks",
-                                     "Blocks whose engine hash differs from the recomputed one",
-                                     {"source"}));
+  KVO_ASSIGN_OR_RETURN(checked, impl->metrics.AddCounterFamily(
+                                    "kvo_indexer_hash_parity_checked_blocks",
+                                    "Blocks whose hash the doctor recomputed", {"source"}));
+  KVO_ASSIGN_OR_RETURN(mismatched,
+                       impl->metrics.AddCounterFamily(
+                           "kvo_indexer_hash_parity_mismatched_blocks",
+                           "Blocks whose engine hash differs from the recomputed one", {"source"}));
   KVO_ASSIGN_OR_RETURN(parity, impl->metrics.AddGaugeFamily(
                                    "kvo_indexer_hash_parity_mismatch",
                                    "1 when the source's hashes disagree with the configured "

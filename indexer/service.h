@@ -37,9 +37,9 @@
 namespace kvo {
 
 struct ServiceOptions {
-  IndexerOptions index;      // the database path comes from IndexerConfig::db
-  Clock* clock = nullptr;    // SystemClock() when null
-  bool start_http = true;    // off: use Handle() directly (tests)
+  IndexerOptions index;            // the database path comes from IndexerConfig::db
+  Clock* clock = nullptr;          // SystemClock() when null
+  bool start_http = true;          // off: use Handle() directly (tests)
   bool allow_remote_http = false;  // listening beyond loopback needs this (and warns)
 };
 

@@ -293,7 +293,8 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
     comma = rest.find(',');
     std::string_view item = rest.substr(0, comma);
     size_t keq = item.find('=');
-    if (keq == std::string_view::npos) return bad("expected key=value, got '" + std::string(item) + "'");
+    if (keq == std::string_view::npos)
+      return bad("expected key=value, got '" + std::string(item) + "'");
     std::string key(item.substr(0, keq));
     std::string_view value = item.substr(keq + 1);
     if (key == "replay") {
@@ -359,8 +360,7 @@ Result<HttpAddress> ParseHttpAddress(std::string_view text) {
   if (a.host.empty()) return bad("no host");
   int port = -1;
   auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 0 ||
-      port > 65535) {
+  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 0 || port > 65535) {
     return bad("port must be 0-65535");
   }
   a.port = port;

@@ -53,7 +53,8 @@ Result<std::vector<int64_t>> ParseTokenList(const std::string& text) {
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     int64_t v = 0;
     auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || ec != std::errc() || ptr != item.data() + item.size()) {
@@ -71,7 +72,8 @@ Result<std::vector<uint64_t>> ParseHashList(const std::string& text) {
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     uint64_t v = 0;
     auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (!item.empty() && ec == std::errc() && ptr == item.data() + item.size()) {
@@ -188,8 +190,8 @@ Status RunServe(const ServeArgs& a) {
                        IndexerService::Start(config, options));
   OJson ready;
   ready["event"] = "listening";
-  ready["http"] = "http://" + ParseHttpAddress(config.http)->host + ":" +
-                  std::to_string(service->http_port());
+  ready["http"] =
+      "http://" + ParseHttpAddress(config.http)->host + ":" + std::to_string(service->http_port());
   ready["port"] = service->http_port();
   ready["db"] = config.db;
   ready["sources"] = config.sources.size();
@@ -318,8 +320,7 @@ Status RunDoctor(const DoctorArgs& a) {
   out["block_size"] = cfg.block_size;
   PrintOut(Dump(out));
   if (r.state == ParityState::kMismatch) {
-    std::fprintf(stderr, "kvo: hash parity MISMATCH (%s): %s\n", r.cause.c_str(),
-                 r.detail.c_str());
+    std::fprintf(stderr, "kvo: hash parity MISMATCH (%s): %s\n", r.cause.c_str(), r.detail.c_str());
     SetExitCode(1);
   } else if (r.state != ParityState::kOk) {
     std::fprintf(stderr, "kvo: no self-describing block verified within %lld ms\n",
@@ -424,8 +425,7 @@ Status RunExplain(const std::string& db, const QueryArgs& a, bool json) {
   }
   std::string out;
   out += "query: " + std::to_string(r.score.query_blocks) + " blocks of " +
-         std::to_string(r.score.block_size) + " tokens (" + std::to_string(tokens) +
-         " tokens)\n\n";
+         std::to_string(r.score.block_size) + " tokens (" + std::to_string(tokens) + " tokens)\n\n";
   out += "block  content_key       engine_hash       holders (source/rank medium since seq)\n";
   for (const ExplainBlock& b : r.blocks) {
     char head[96];
@@ -442,7 +442,8 @@ Status RunExplain(const std::string& db, const QueryArgs& a, bool json) {
       const ExplainHolder& h = b.holders[i];
       out += (i ? ", " : "") + h.source + "/" + std::to_string(h.dp_rank) + " " + h.medium +
              (h.group ? " g" + std::to_string(h.group) : "") + " since " +
-             std::to_string(h.since_seq) + (h.refcount > 1 ? " x" + std::to_string(h.refcount) : "");
+             std::to_string(h.since_seq) +
+             (h.refcount > 1 ? " x" + std::to_string(h.refcount) : "");
     }
     out += "\n";
   }
@@ -471,7 +472,8 @@ Status RunExplain(const std::string& db, const QueryArgs& a, bool json) {
 
 void AddIndexCommands(CLI::App& app) {
   CLI::App* index = app.add_subcommand(
-      "index", "Prefix indexer: serve, query, doctor, and audit an index file (stats, dump, explain)");
+      "index",
+      "Prefix indexer: serve, query, doctor, and audit an index file (stats, dump, explain)");
   index->require_subcommand(1);
 
   auto serve_args = std::make_shared<ServeArgs>();
