@@ -1,0 +1,385 @@
+#include "indexer/memory_index.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+
+namespace kvo::indexer_internal {
+namespace {
+
+constexpr size_t kMaxInstances = 0xFFFF;
+constexpr size_t kMaxMedia = 0xFF;
+constexpr size_t kMaxGroups = 0xFF;
+
+// Adds a 1-bit-per-instance mask to bit-sliced counters: planes[p*words + w] holds bit p of the
+// counts of instances 64w..64w+63.
+inline void AddMask(uint64_t* planes, size_t words, size_t num_planes, const uint64_t* mask) {
+  for (size_t w = 0; w < words; ++w) {
+    uint64_t carry = mask[w];
+    for (size_t p = 0; carry != 0 && p < num_planes; ++p) {
+      uint64_t& plane = planes[p * words + w];
+      const uint64_t next = plane & carry;
+      plane ^= carry;
+      carry = next;
+    }
+  }
+}
+
+inline int64_t ReadCount(const uint64_t* planes, size_t words, size_t num_planes, uint32_t inst) {
+  const size_t w = inst / 64;
+  const uint64_t bit = uint64_t{1} << (inst % 64);
+  int64_t c = 0;
+  for (size_t p = 0; p < num_planes; ++p) {
+    if (planes[p * words + w] & bit) c |= int64_t{1} << p;
+  }
+  return c;
+}
+
+}  // namespace
+
+MemoryIndex::MemoryIndex() {
+  media_ = {"GPU", "CPU", "STORAGE"};
+  bits_.clear();
+}
+
+uint32_t MemoryIndex::InstanceId(uint32_t source_id, int64_t dp_rank) {
+  const uint64_t key = (uint64_t{source_id} << 32) ^ static_cast<uint64_t>(dp_rank);
+  if (const uint32_t* id = instance_by_key_.Find(key)) return *id;
+  if (instances_.size() >= kMaxInstances) return UINT32_MAX;
+  const uint32_t id = static_cast<uint32_t>(instances_.size());
+  instances_.push_back({source_id, dp_rank, {}});
+  instance_by_key_.Insert(key, id);
+  const size_t need_words = (instances_.size() + 63) / 64;
+  if (need_words > words_) Reshape(need_words, media_slots_);
+  return id;
+}
+
+uint32_t MemoryIndex::MediumId(const std::string& name) {
+  for (size_t i = 0; i < media_.size(); ++i) {
+    if (media_[i] == name) return static_cast<uint32_t>(i);
+  }
+  if (media_.size() >= kMaxMedia) return UINT32_MAX;
+  media_.push_back(name);
+  if (media_.size() > media_slots_) Reshape(words_, media_slots_ * 2);
+  return static_cast<uint32_t>(media_.size() - 1);
+}
+
+uint32_t MemoryIndex::GroupId(int64_t group) {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (groups_[i] == group) return static_cast<uint32_t>(i);
+  }
+  if (groups_.size() >= kMaxGroups) return UINT32_MAX;
+  groups_.push_back(group);
+  return static_cast<uint32_t>(groups_.size() - 1);
+}
+
+void MemoryIndex::Reshape(size_t words, size_t media_slots) {
+  std::vector<uint64_t> next(nodes_.size() * media_slots * words, 0);
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    for (size_t m = 0; m < media_slots_ && m < media_slots; ++m) {
+      for (size_t w = 0; w < words_ && w < words; ++w) {
+        next[(n * media_slots + m) * words + w] = bits_[(n * media_slots_ + m) * words_ + w];
+      }
+    }
+  }
+  bits_.swap(next);
+  words_ = words;
+  media_slots_ = media_slots;
+}
+
+uint32_t MemoryIndex::NodeByEngine(uint64_t engine_hash) const {
+  const uint32_t* n = by_engine_.Find(engine_hash);
+  return n ? *n : kNoNode;
+}
+
+uint32_t MemoryIndex::NodeByContent(uint64_t content_key) const {
+  if (content_key == 0) return kNoNode;
+  const uint32_t* n = by_content_.Find(content_key);
+  return n ? *n : kNoNode;
+}
+
+uint32_t MemoryIndex::NewNode(uint64_t engine_hash) {
+  uint32_t id;
+  if (!free_nodes_.empty()) {
+    id = free_nodes_.back();
+    free_nodes_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(nodes_.size());
+    nodes_.emplace_back();
+    bits_.resize(nodes_.size() * media_slots_ * words_, 0);
+  }
+  nodes_[id] = Node{};
+  nodes_[id].engine_hash = engine_hash;
+  nodes_[id].live = 1;
+  by_engine_.Insert(engine_hash, id);
+  ++live_nodes_;
+  return id;
+}
+
+void MemoryIndex::FreeNode(uint32_t node) {
+  Node& n = nodes_[node];
+  by_engine_.Erase(n.engine_hash);
+  if (n.content_key != 0) {
+    const uint32_t* c = by_content_.Find(n.content_key);
+    if (c && *c == node) by_content_.Erase(n.content_key);
+  }
+  std::fill_n(Row(node, 0), media_slots_ * words_, 0);
+  n = Node{};
+  free_nodes_.push_back(node);
+  --live_nodes_;
+}
+
+bool MemoryIndex::NodeEmpty(uint32_t node) const {
+  const uint64_t* r = Row(node, 0);
+  for (size_t i = 0; i < media_slots_ * words_; ++i) {
+    if (r[i]) return false;
+  }
+  return true;
+}
+
+bool MemoryIndex::Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash,
+                        uint64_t content_key, int64_t block_size, uint64_t seq, uint32_t refcount,
+                        bool* conflict) {
+  *conflict = false;
+  uint32_t node = NodeByEngine(engine_hash);
+  if (node == kNoNode) node = NewNode(engine_hash);
+  Node& n = nodes_[node];
+  if (content_key != 0) {
+    if (n.content_key == 0) {
+      n.content_key = content_key;
+      if (by_content_.Find(content_key) == nullptr) by_content_.Insert(content_key, node);
+    } else if (n.content_key != content_key) {
+      *conflict = true;
+    }
+  }
+  if (n.block_size == 0 && block_size > 0) {
+    n.block_size = static_cast<uint16_t>(std::min<int64_t>(block_size, 0xFFFF));
+  }
+  const uint64_t key = HoldingKey(node, inst, medium, group);
+  Instance& in = instances_[inst];
+  if (std::find(in.groups.begin(), in.groups.end(), group) == in.groups.end()) {
+    in.groups.push_back(group);
+  }
+  if (uint64_t* h = holdings_.FindMutable(key)) {
+    *h = PackHolding(SinceOf(*h), RefOf(*h) + refcount);
+    return true;
+  }
+  holdings_.Insert(key, PackHolding(seq, refcount));
+  Row(node, medium)[inst / 64] |= uint64_t{1} << (inst % 64);
+  return false;
+}
+
+void MemoryIndex::ReleaseHolding(uint32_t node, uint32_t inst, uint32_t medium, uint32_t group) {
+  holdings_.Erase(HoldingKey(node, inst, medium, group));
+  for (uint32_t g : instances_[inst].groups) {
+    if (g != group && holdings_.Find(HoldingKey(node, inst, medium, g)) != nullptr) return;
+  }
+  Row(node, medium)[inst / 64] &= ~(uint64_t{1} << (inst % 64));
+  if (NodeEmpty(node)) FreeNode(node);
+}
+
+bool MemoryIndex::Remove(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash) {
+  const uint32_t node = NodeByEngine(engine_hash);
+  if (node == kNoNode) return false;
+  uint64_t* h = holdings_.FindMutable(HoldingKey(node, inst, medium, group));
+  if (h == nullptr) return false;
+  const uint32_t ref = RefOf(*h);
+  if (ref > 1) {
+    *h = PackHolding(SinceOf(*h), ref - 1);
+    return true;
+  }
+  ReleaseHolding(node, inst, medium, group);
+  return true;
+}
+
+void MemoryIndex::Touch(uint32_t node, uint32_t tick) {
+  std::atomic_ref<uint32_t>(nodes_[node].last_used).store(tick, std::memory_order_relaxed);
+}
+
+std::vector<ScoreCounts> MemoryIndex::Score(std::span<const uint64_t> keys, bool by_engine,
+                                            const std::vector<uint64_t>& filter,
+                                            const std::vector<double>& weights, uint32_t tick,
+                                            int64_t* first_block_size) const {
+  const size_t W = words_;
+  const size_t M = media_.size();
+  const size_t N = keys.size();
+  size_t num_planes = 1;
+  while ((size_t{1} << num_planes) <= N) ++num_planes;
+
+  std::vector<uint64_t> alive(W, 0);
+  for (size_t w = 0; w < W && w < filter.size(); ++w) alive[w] = filter[w];
+  // Only instances that exist.
+  const size_t n_inst = instances_.size();
+  for (size_t w = 0; w < W; ++w) {
+    const size_t lo = w * 64;
+    if (lo >= n_inst) {
+      alive[w] = 0;
+    } else if (n_inst - lo < 64) {
+      alive[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+    }
+  }
+  std::vector<int64_t> depth(n_inst, -1);
+  std::vector<uint64_t> present_planes(M * num_planes * W, 0);
+  std::vector<uint64_t> best_planes(M * num_planes * W, 0);
+  std::vector<uint32_t> order(M);
+  for (uint32_t m = 0; m < M; ++m) order[m] = m;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return weights[a] > weights[b]; });
+  std::vector<uint64_t> held(W), remaining(W), cls(W), dead(W);
+
+  const FlatTable<uint32_t>& table = by_engine ? by_engine_ : by_content_;
+  constexpr size_t kSlotAhead = 16;
+  constexpr size_t kNodeAhead = 8;
+  std::vector<uint32_t> node_of(N, kNoNode);
+  auto resolve = [&](size_t i) {
+    const uint32_t* n = table.Find(keys[i]);
+    node_of[i] = n ? *n : kNoNode;
+    if (node_of[i] != kNoNode) __builtin_prefetch(Row(node_of[i], 0));
+  };
+  for (size_t i = 0; i < std::min(N, kSlotAhead); ++i) table.Prefetch(keys[i]);
+  for (size_t i = 0; i < std::min(N, kNodeAhead); ++i) resolve(i);
+  *first_block_size = 0;
+
+  auto any_alive = [&] {
+    for (uint64_t a : alive) {
+      if (a) return true;
+    }
+    return false;
+  };
+  size_t i = 0;
+  for (; i < N && any_alive(); ++i) {
+    if (i + kSlotAhead < N) table.Prefetch(keys[i + kSlotAhead]);
+    if (i + kNodeAhead < N) resolve(i + kNodeAhead);
+    const uint32_t node = node_of[i];
+    if (node == kNoNode) {
+      for (size_t w = 0; w < W; ++w) held[w] = 0;
+    } else {
+      if (i == 0) *first_block_size = nodes_[node].block_size;
+      std::atomic_ref<uint32_t>(const_cast<uint32_t&>(nodes_[node].last_used))
+          .store(tick, std::memory_order_relaxed);
+      for (size_t w = 0; w < W; ++w) held[w] = 0;
+      for (size_t m = 0; m < M; ++m) {
+        const uint64_t* r = Row(node, static_cast<uint32_t>(m));
+        for (size_t w = 0; w < W; ++w) held[w] |= r[w];
+      }
+    }
+    bool any_dead = false;
+    for (size_t w = 0; w < W; ++w) {
+      dead[w] = alive[w] & ~held[w];
+      alive[w] &= held[w];
+      any_dead |= dead[w] != 0;
+    }
+    if (any_dead) {
+      for (size_t w = 0; w < W; ++w) {
+        for (uint64_t d = dead[w]; d; d &= d - 1) {
+          depth[w * 64 + static_cast<size_t>(std::countr_zero(d))] = static_cast<int64_t>(i);
+        }
+      }
+    }
+    if (node == kNoNode) continue;
+    for (size_t w = 0; w < W; ++w) remaining[w] = alive[w];
+    for (uint32_t m : order) {
+      const uint64_t* r = Row(node, m);
+      bool any = false;
+      for (size_t w = 0; w < W; ++w) {
+        cls[w] = alive[w] & r[w];
+        any |= cls[w] != 0;
+      }
+      if (!any) continue;
+      AddMask(&present_planes[m * num_planes * W], W, num_planes, cls.data());
+      for (size_t w = 0; w < W; ++w) cls[w] &= remaining[w];
+      AddMask(&best_planes[m * num_planes * W], W, num_planes, cls.data());
+      for (size_t w = 0; w < W; ++w) remaining[w] &= ~cls[w];
+    }
+  }
+  for (size_t w = 0; w < W; ++w) {
+    for (uint64_t a = alive[w]; a; a &= a - 1) {
+      depth[w * 64 + static_cast<size_t>(std::countr_zero(a))] = static_cast<int64_t>(i);
+    }
+  }
+
+  std::vector<ScoreCounts> out;
+  for (uint32_t inst = 0; inst < n_inst; ++inst) {
+    const size_t w = inst / 64;
+    if (w >= filter.size() || !(filter[w] & (uint64_t{1} << (inst % 64)))) continue;
+    ScoreCounts c;
+    c.instance = inst;
+    c.depth = depth[inst] < 0 ? 0 : depth[inst];
+    c.present.assign(M, 0);
+    c.best.assign(M, 0);
+    if (c.depth > 0) {
+      for (size_t m = 0; m < M; ++m) {
+        c.present[m] = ReadCount(&present_planes[m * num_planes * W], W, num_planes, inst);
+        c.best[m] = ReadCount(&best_planes[m * num_planes * W], W, num_planes, inst);
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::vector<HolderInfo> MemoryIndex::Holders(uint32_t node) const {
+  std::vector<HolderInfo> out;
+  for (uint32_t m = 0; m < media_.size(); ++m) {
+    const uint64_t* r = Row(node, m);
+    for (size_t w = 0; w < words_; ++w) {
+      for (uint64_t b = r[w]; b; b &= b - 1) {
+        const uint32_t inst = static_cast<uint32_t>(w * 64 + std::countr_zero(b));
+        for (uint32_t g : instances_[inst].groups) {
+          if (const uint64_t* h = holdings_.Find(HoldingKey(node, inst, m, g))) {
+            out.push_back({inst, m, g, RefOf(*h), SinceOf(*h)});
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+bool MemoryIndex::InstanceHolds(uint32_t node, uint32_t inst) const {
+  for (uint32_t m = 0; m < media_.size(); ++m) {
+    if (Row(node, m)[inst / 64] & (uint64_t{1} << (inst % 64))) return true;
+  }
+  return false;
+}
+
+size_t MemoryIndex::AllocatedBytes() const {
+  return nodes_.capacity() * sizeof(Node) + bits_.capacity() * sizeof(uint64_t) +
+         free_nodes_.capacity() * sizeof(uint32_t) + by_engine_.bytes() + by_content_.bytes() +
+         holdings_.bytes() + instance_by_key_.bytes();
+}
+
+size_t MemoryIndex::BudgetBytes() const {
+  const size_t per_node = sizeof(Node) + media_slots_ * words_ * sizeof(uint64_t) +
+                          2 * FlatTable<uint32_t>::kSlotBytes * 2;
+  return live_nodes_ * per_node + holdings_.size() * FlatTable<uint64_t>::kSlotBytes * 2;
+}
+
+int64_t MemoryIndex::EvictTo(size_t target_bytes) {
+  if (BudgetBytes() <= target_bytes || live_nodes_ == 0) return 0;
+  std::vector<std::pair<uint32_t, uint32_t>> by_age;  // (last_used, node)
+  by_age.reserve(live_nodes_);
+  for (uint32_t n = 0; n < nodes_.size(); ++n) {
+    if (nodes_[n].live) by_age.emplace_back(nodes_[n].last_used, n);
+  }
+  std::sort(by_age.begin(), by_age.end());
+  int64_t dropped = 0;
+  for (const auto& [age, node] : by_age) {
+    if (BudgetBytes() <= target_bytes) break;
+    for (const HolderInfo& h : Holders(node)) {
+      holdings_.Erase(HoldingKey(node, h.instance, h.medium, h.group));
+    }
+    FreeNode(node);
+    ++dropped;
+  }
+  return dropped;
+}
+
+std::vector<std::vector<int64_t>> MemoryIndex::EntriesPerInstanceMedium() const {
+  std::vector<std::vector<int64_t>> out(instances_.size(), std::vector<int64_t>(media_.size(), 0));
+  holdings_.ForEach(
+      [&](uint64_t key, uint64_t) { out[(key >> 16) & 0xFFFF][(key >> 8) & 0xFF] += 1; });
+  return out;
+}
+
+}  // namespace kvo::indexer_internal

@@ -1,0 +1,184 @@
+// MemoryIndex: the in-memory scoring structure of kvo_indexer (internal; see indexer/DESIGN.md).
+//
+//   node      one distinct block, known by its engine hash (by_engine_) and, when content-keyed,
+//             by its content key (by_content_); 24 bytes + a bit matrix row
+//   bits      per node, per medium, one bit per instance: "this instance holds the node there"
+//   holdings  (node, instance, medium, group) -> refcount and first sequence (16-byte slots)
+//
+// Scoring walks the query's blocks, ANDs the per-node instance bits into an "alive" mask and
+// accumulates per-instance per-medium counts in bit-sliced counters, so one block costs a few
+// word operations whatever the number of instances. Thread-compatible: Indexer guards it
+// (readers shared, writers exclusive); Score's LRU touch is a relaxed atomic store.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "indexer/flat_table.h"
+
+namespace kvo::indexer_internal {
+
+inline constexpr uint32_t kNoNode = UINT32_MAX;
+
+struct ScoreCounts {
+  uint32_t instance = 0;
+  int64_t depth = 0;             // prefix blocks
+  std::vector<int64_t> present;  // per medium id: blocks of the prefix on that medium
+  std::vector<int64_t> best;     // per medium id: blocks whose best medium is this one
+};
+
+struct HolderInfo {
+  uint32_t instance = 0;
+  uint32_t medium = 0;
+  uint32_t group = 0;  // group id (see GroupValue)
+  uint32_t refcount = 0;
+  uint64_t since_seq = 0;
+};
+
+class MemoryIndex {
+ public:
+  MemoryIndex();
+
+  // ---- registries (ids are dense and never reused) ----
+  uint32_t InstanceId(uint32_t source_id, int64_t dp_rank);  // creates
+  uint32_t MediumId(const std::string& name);                // creates
+  uint32_t GroupId(int64_t group);                           // creates
+  size_t instance_count() const { return instances_.size(); }
+  uint32_t InstanceSource(uint32_t inst) const { return instances_[inst].source_id; }
+  int64_t InstanceRank(uint32_t inst) const { return instances_[inst].dp_rank; }
+  const std::string& MediumName(uint32_t m) const { return media_[m]; }
+  size_t medium_count() const { return media_.size(); }
+  int64_t GroupValue(uint32_t g) const { return groups_[g]; }
+
+  // ---- lookups ----
+  uint32_t NodeByEngine(uint64_t engine_hash) const;
+  uint32_t NodeByContent(uint64_t content_key) const;
+  uint64_t NodeContentKey(uint32_t node) const { return nodes_[node].content_key; }
+  uint64_t NodeEngineHash(uint32_t node) const { return nodes_[node].engine_hash; }
+  int64_t NodeBlockSize(uint32_t node) const { return nodes_[node].block_size; }
+
+  // ---- mutations ----
+  // Adds `refcount` references (1 for an event). Returns true when the entry already existed
+  // (a duplicate store). content_key 0: unknown. A node gains a content key it lacked; a
+  // conflicting one is ignored (returns via *conflict).
+  bool Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash,
+             uint64_t content_key, int64_t block_size, uint64_t seq, uint32_t refcount,
+             bool* conflict);
+  // Returns false when the instance does not hold the hash there (unknown removal).
+  bool Remove(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash);
+  // Removes every entry of the instances for which pred(inst) is true, on `medium` (or every
+  // medium when medium == UINT32_MAX). Returns the number of entries removed.
+  template <class Pred>
+  int64_t ClearWhere(Pred pred, uint32_t medium);
+  void Touch(uint32_t node, uint32_t tick);
+
+  // ---- scoring ----
+  // keys: engine hashes (by_engine) or content keys. filter: instance mask (W words, may be
+  // shorter: missing words are 0). weights: per medium id. Returns one entry per instance in
+  // the filter. *first_block_size: block size of the first query block's node (0 if none).
+  std::vector<ScoreCounts> Score(std::span<const uint64_t> keys, bool by_engine,
+                                 const std::vector<uint64_t>& filter,
+                                 const std::vector<double>& weights, uint32_t tick,
+                                 int64_t* first_block_size) const;
+  std::vector<HolderInfo> Holders(uint32_t node) const;
+  bool InstanceHolds(uint32_t node, uint32_t inst) const;
+  size_t words() const { return words_; }
+
+  // ---- accounting and budget ----
+  size_t node_count() const { return live_nodes_; }
+  size_t entry_count() const { return holdings_.size(); }
+  size_t AllocatedBytes() const;
+  // Live-content estimate at the nominal load factor 0.5: what the budget is compared with.
+  size_t BudgetBytes() const;
+  // Drops least-recently-used nodes until BudgetBytes() <= target. Returns nodes dropped.
+  int64_t EvictTo(size_t target_bytes);
+
+  // Entries held per (instance, medium).
+  std::vector<std::vector<int64_t>> EntriesPerInstanceMedium() const;
+  template <class F>
+  void ForEachHolding(F&& f) const;  // f(node, inst, medium, group, refcount, since)
+
+ private:
+  struct Node {
+    uint64_t engine_hash = 0;
+    uint64_t content_key = 0;
+    uint32_t last_used = 0;
+    uint16_t block_size = 0;
+    uint16_t live = 0;
+  };
+  struct Instance {
+    uint32_t source_id;
+    int64_t dp_rank;
+    std::vector<uint32_t> groups;  // group ids this instance has used
+  };
+
+  static uint64_t HoldingKey(uint32_t node, uint32_t inst, uint32_t medium, uint32_t group) {
+    return (uint64_t{node} << 32) | (uint64_t{inst & 0xFFFF} << 16) |
+           (uint64_t{medium & 0xFF} << 8) | uint64_t{group & 0xFF};
+  }
+  static uint32_t RefOf(uint64_t v) { return static_cast<uint32_t>(v & 0xFFFF); }
+  static uint64_t SinceOf(uint64_t v) { return v >> 16; }
+  static uint64_t PackHolding(uint64_t since, uint32_t ref) {
+    return (since << 16) | (ref > 0xFFFF ? 0xFFFF : ref);
+  }
+
+  uint64_t* Row(uint32_t node, uint32_t medium) {
+    return &bits_[(size_t{node} * media_slots_ + medium) * words_];
+  }
+  const uint64_t* Row(uint32_t node, uint32_t medium) const {
+    return &bits_[(size_t{node} * media_slots_ + medium) * words_];
+  }
+  void Reshape(size_t words, size_t media_slots);
+  uint32_t NewNode(uint64_t engine_hash);
+  void FreeNode(uint32_t node);
+  bool NodeEmpty(uint32_t node) const;
+  // Drops holding `key` (must exist); clears the bit when no other group holds it and frees the
+  // node when nothing holds it.
+  void ReleaseHolding(uint32_t node, uint32_t inst, uint32_t medium, uint32_t group);
+
+  std::vector<Instance> instances_;
+  FlatTable<uint32_t> instance_by_key_;
+  std::vector<std::string> media_;
+  std::vector<int64_t> groups_;
+
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> free_nodes_;
+  size_t live_nodes_ = 0;
+  FlatTable<uint32_t> by_engine_;
+  FlatTable<uint32_t> by_content_;
+  FlatTable<uint64_t> holdings_;
+  std::vector<uint64_t> bits_;
+  size_t words_ = 1;
+  size_t media_slots_ = 4;
+};
+
+template <class Pred>
+int64_t MemoryIndex::ClearWhere(Pred pred, uint32_t medium) {
+  struct Victim {
+    uint32_t node, inst, medium, group;
+  };
+  std::vector<Victim> victims;
+  holdings_.ForEach([&](uint64_t key, uint64_t) {
+    const uint32_t inst = static_cast<uint32_t>((key >> 16) & 0xFFFF);
+    const uint32_t m = static_cast<uint32_t>((key >> 8) & 0xFF);
+    if ((medium == UINT32_MAX || m == medium) && pred(inst)) {
+      victims.push_back(
+          {static_cast<uint32_t>(key >> 32), inst, m, static_cast<uint32_t>(key & 0xFF)});
+    }
+  });
+  for (const Victim& v : victims) ReleaseHolding(v.node, v.inst, v.medium, v.group);
+  return static_cast<int64_t>(victims.size());
+}
+
+template <class F>
+void MemoryIndex::ForEachHolding(F&& f) const {
+  holdings_.ForEach([&](uint64_t key, uint64_t v) {
+    f(static_cast<uint32_t>(key >> 32), static_cast<uint32_t>((key >> 16) & 0xFFFF),
+      static_cast<uint32_t>((key >> 8) & 0xFF), static_cast<uint32_t>(key & 0xFF), RefOf(v),
+      SinceOf(v));
+  });
+}
+
+}  // namespace kvo::indexer_internal

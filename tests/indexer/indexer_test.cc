@@ -1,0 +1,699 @@
+// Indexer over real SQLite files: semantics, a property test against a reference model (also
+// across close/reopen and compaction), kill -9 recovery, refusal of foreign/corrupt files and the
+// memory budget.
+#include "indexer/indexer.h"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+IndexerOptions TestOptions() {
+  IndexerOptions o;
+  o.background_thread = false;
+  o.flush_max_events = 64;
+  o.flush_interval_ms = 1'000'000;
+  return o;
+}
+
+std::unique_ptr<Indexer> MustOpen(const std::string& path, IndexerOptions o = TestOptions()) {
+  auto r = Indexer::Open(path, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(*r) : nullptr;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A self-describing GPU store of blocks [first, first+n) of `tokens` cut at bs.
+BlockStored SelfStore(const std::vector<int64_t>& tokens, int64_t bs, size_t first, size_t n,
+                      uint64_t hash_salt, const std::string& medium = "GPU") {
+  BlockStored s;
+  auto keys = *ContentKeys(tokens, bs);
+  for (size_t i = first; i < first + n; ++i)
+    s.block_hashes.push_back(BlockHash::Uint(keys[i] ^ hash_salt));
+  if (first > 0) s.parent_block_hash = BlockHash::Uint(keys[first - 1] ^ hash_salt);
+  s.token_ids.assign(tokens.begin() + static_cast<long>(first * bs),
+                     tokens.begin() + static_cast<long>((first + n) * bs));
+  s.block_size = bs;
+  s.medium = medium;
+  return s;
+}
+
+EventBatch Batch(std::vector<KvEvent> events) {
+  EventBatch b;
+  b.ts = 1700000000.0;
+  b.events = std::move(events);
+  return b;
+}
+
+std::vector<int64_t> Tokens(size_t n, int64_t base) {
+  std::vector<int64_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = base + static_cast<int64_t>(i);
+  return t;
+}
+
+const InstanceScore* Find(const ScoreResult& r, const std::string& source, int64_t rank = 0) {
+  for (const auto& s : r.instances) {
+    if (s.source == source && s.dp_rank == rank) return &s;
+  }
+  return nullptr;
+}
+
+TEST(ContentKeyTest, ChainedAndLoraSeparated) {
+  const auto t = Tokens(32, 7);
+  auto k = *ContentKeys(t, 16);
+  ASSERT_EQ(k.size(), 2u);
+  EXPECT_EQ(k[0], ContentKey(ContentKeyRoot(""), std::span<const int64_t>(t).subspan(0, 16)));
+  EXPECT_EQ(k[1], ContentKey(k[0], std::span<const int64_t>(t).subspan(16, 16)));
+  EXPECT_NE((*ContentKeys(t, 16, "lora-a"))[0], k[0]);
+  auto t2 = t;
+  t2[3] = 99;  // a change in block 0 changes every later key
+  EXPECT_NE((*ContentKeys(t2, 16))[1], k[1]);
+  EXPECT_EQ(ContentKeys(Tokens(20, 0), 16)->size(), 1u);  // partial block ignored
+  EXPECT_FALSE(ContentKeys(t, 0).ok());
+  // Golden: the definition in schemas/index.md must not drift silently.
+  EXPECT_EQ(ContentKeyRoot(""), ContentKeyRoot(std::string_view("", 0)));
+}
+
+TEST(IndexerTest, ScoresByTokensAndHashesWithTierWeights) {
+  testing::TempDir dir;
+  auto idx = MustOpen(dir.path() + "/i.db");
+  const auto t = Tokens(64, 100);  // 4 blocks of 16
+  ASSERT_TRUE(idx->ApplyBatch("a", 0, 1, Batch({SelfStore(t, 16, 0, 4, 0)})).ok());
+  ASSERT_TRUE(idx->ApplyBatch("b", 0, 1, Batch({SelfStore(t, 16, 0, 2, 0)})).ok());
+  // b's blocks 2..3 only on CPU, as placeholders resolved through the engine-hash map.
+  auto keys = *ContentKeys(t, 16);
+  BlockStored ph;
+  ph.block_hashes = {BlockHash::Uint(keys[2]), BlockHash::Uint(keys[3])};
+  ph.medium = "CPU";
+  ASSERT_TRUE(idx->ApplyBatch("b", 0, 2, Batch({ph})).ok());
+
+  ScoreQuery q;
+  q.token_ids = t;
+  auto r = idx->Score(q);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->instances.size(), 2u);
+  EXPECT_EQ(r->instances[0].source, "a");
+  EXPECT_EQ(r->instances[0].prefix_blocks, 4);
+  EXPECT_EQ(r->instances[0].prefix_tokens, 64);
+  EXPECT_DOUBLE_EQ(r->instances[0].score, 4.0);
+  const InstanceScore* b = Find(*r, "b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->prefix_blocks, 4);
+  EXPECT_NEAR(b->score, 2 * 1.0 + 2 * 0.8, 1e-9);
+  EXPECT_EQ(b->blocks_per_medium.at("GPU"), 2);
+  EXPECT_EQ(b->blocks_per_medium.at("CPU"), 2);
+
+  q.weights = {{"CPU", 2.0}};
+  r = idx->Score(q);
+  EXPECT_EQ(r->instances[0].source, "b");
+
+  ScoreQuery h;
+  h.block_hashes = {keys[0], keys[1], keys[2]};
+  h.sources = {"b"};
+  r = idx->Score(h);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->instances.size(), 1u);
+  EXPECT_EQ(r->instances[0].prefix_blocks, 3);
+  EXPECT_EQ(r->instances[0].prefix_tokens, 48);  // engine block size of block 0
+
+  h.sources = {"nope"};
+  EXPECT_FALSE(idx->Score(h).ok());
+  EXPECT_FALSE(idx->Score(ScoreQuery{}).ok());
+  ScoreQuery bad;
+  bad.token_ids = t;
+  bad.block_size = 0;
+  EXPECT_FALSE(idx->Score(bad).ok());
+}
+
+TEST(IndexerTest, DuplicatesUnknownRemovalsClears) {
+  testing::TempDir dir;
+  auto idx = MustOpen(dir.path() + "/i.db");
+  const auto t = Tokens(32, 1);
+  auto keys = *ContentKeys(t, 16);
+  ASSERT_TRUE(
+      idx->ApplyBatch("a", 0, 1, Batch({SelfStore(t, 16, 0, 2, 0), SelfStore(t, 16, 0, 2, 0)}))
+          .ok());
+  BlockRemoved rm;
+  rm.block_hashes = {BlockHash::Uint(keys[1])};
+  rm.medium = "GPU";
+  ASSERT_TRUE(idx->ApplyBatch("a", 0, 2, Batch({rm})).ok());
+  ScoreQuery q;
+  q.token_ids = t;
+  EXPECT_EQ(Find(*idx->Score(q), "a")->prefix_blocks, 2);  // still one reference
+  auto out = idx->ApplyBatch("a", 0, 3, Batch({rm, rm}));
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->unknown_removals, 1);
+  EXPECT_EQ(Find(*idx->Score(q), "a")->prefix_blocks, 1);
+  EXPECT_EQ(idx->Stats().counters.unknown_removals, 1);
+  EXPECT_EQ(idx->Stats().counters.duplicate_stores, 2);
+
+  // Replayed (old) sequence numbers are skipped.
+  out = idx->ApplyBatch("a", 0, 2, Batch({SelfStore(t, 16, 0, 2, 0)}));
+  ASSERT_TRUE(out.ok());
+  EXPECT_FALSE(out->applied);
+  EXPECT_EQ(*idx->LastSequence("a", 0), 3u);
+
+  // AllBlocksCleared drops GPU entries only.
+  BlockStored ph;
+  ph.block_hashes = {BlockHash::Uint(keys[0])};
+  ph.medium = "STORAGE";
+  ASSERT_TRUE(idx->ApplyBatch("a", 0, 4, Batch({ph, AllBlocksCleared{}})).ok());
+  auto r = idx->Score(q);
+  EXPECT_EQ(Find(*r, "a")->prefix_blocks, 1);
+  EXPECT_EQ(Find(*r, "a")->blocks_per_medium.count("GPU"), 0u);
+  EXPECT_DOUBLE_EQ(Find(*r, "a")->score, 0.5);
+
+  ASSERT_TRUE(idx->ClearSource("a").ok());
+  EXPECT_FALSE(idx->LastSequence("a", 0).ok());
+  EXPECT_EQ(Find(*idx->Score(q), "a"), nullptr);
+  EXPECT_TRUE(idx->ApplyBatch("a", 0, 0, Batch({SelfStore(t, 16, 0, 1, 0)}))->applied);
+  EXPECT_EQ(Find(*idx->Score(q), "a")->prefix_blocks, 1);
+}
+
+TEST(IndexerTest, ExplainNamesHoldersAndBreaks) {
+  testing::TempDir dir;
+  auto idx = MustOpen(dir.path() + "/i.db");
+  const auto t = Tokens(48, 5);
+  ASSERT_TRUE(idx->ApplyBatch("a", 0, 7, Batch({SelfStore(t, 16, 0, 3, 0)})).ok());
+  ASSERT_TRUE(idx->ApplyBatch("b", 1, 9, Batch({SelfStore(t, 16, 0, 1, 0)})).ok());
+  ScoreQuery q;
+  q.token_ids = Tokens(64, 5);  // 4 blocks; block 3 never stored
+  auto e = idx->Explain(q);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_EQ(e->blocks.size(), 4u);
+  ASSERT_EQ(e->blocks[0].holders.size(), 2u);
+  EXPECT_EQ(e->blocks[0].holders[0].source, "a");
+  EXPECT_EQ(e->blocks[0].holders[0].since_seq, 7u);
+  EXPECT_EQ(e->blocks[0].holders[1].dp_rank, 1);
+  EXPECT_FALSE(e->blocks[3].known);
+  for (const auto& i : e->instances) {
+    if (i.source == "a") {
+      EXPECT_EQ(i.prefix_blocks, 3);
+      EXPECT_NE(i.break_reason.find("unknown"), std::string::npos) << i.break_reason;
+    } else {
+      EXPECT_EQ(i.prefix_blocks, 1);
+      EXPECT_NE(i.break_reason.find("not held"), std::string::npos) << i.break_reason;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference model: plain maps, the semantics of the header comment.
+struct Model {
+  struct Key {
+    std::string source;
+    int64_t rank;
+    std::string medium;
+    int64_t group;
+    uint64_t hash;
+    auto operator<=>(const Key&) const = default;
+  };
+  std::map<Key, int64_t> refs;
+  std::map<uint64_t, uint64_t> content;  // hash -> content key (0 none), for existing nodes
+  std::map<std::pair<std::string, int64_t>, uint64_t> seqs;
+
+  bool NodeExists(uint64_t h) const {
+    for (const auto& [k, r] : refs) {
+      if (k.hash == h) return true;
+    }
+    return false;
+  }
+  void Gc() {
+    for (auto it = content.begin(); it != content.end();) {
+      it = NodeExists(it->first) ? std::next(it) : content.erase(it);
+    }
+  }
+  void Store(const Key& k, uint64_t ck) {
+    if (!content.count(k.hash)) content[k.hash] = 0;
+    if (content[k.hash] == 0) content[k.hash] = ck;
+    refs[k] += 1;
+  }
+  void Apply(const std::string& src, int64_t rank, uint64_t seq, const EventBatch& b) {
+    auto sk = std::make_pair(src, rank);
+    if (seqs.count(sk) && seq <= seqs[sk]) return;
+    seqs[sk] = seq;
+    for (const auto& ev : b.events) {
+      if (const auto* s = std::get_if<BlockStored>(&ev)) {
+        const std::string med = s->medium.value_or("GPU");
+        const int64_t g = s->group_idx.value_or(0);
+        std::vector<uint64_t> cks(s->block_hashes.size(), 0);
+        if (s->token_ids.empty()) {
+          for (size_t i = 0; i < cks.size(); ++i) {
+            auto it = content.find(s->block_hashes[i].Low64());
+            cks[i] = it == content.end() ? 0 : it->second;
+          }
+        } else {
+          uint64_t p = 0;
+          if (!s->parent_block_hash) {
+            p = ContentKeyRoot(s->lora_name.value_or(""));
+          } else if (auto it = content.find(s->parent_block_hash->Low64()); it != content.end()) {
+            p = it->second;
+          }
+          if (p != 0) {
+            for (size_t i = 0; i < cks.size(); ++i) {
+              p = ContentKey(
+                  p,
+                  std::span<const int64_t>(s->token_ids).subspan(i * s->block_size, s->block_size));
+              cks[i] = p;
+            }
+          }
+        }
+        for (size_t i = 0; i < cks.size(); ++i) {
+          Store({src, rank, med, g, s->block_hashes[i].Low64()}, cks[i]);
+        }
+      } else if (const auto* r = std::get_if<BlockRemoved>(&ev)) {
+        for (const auto& h : r->block_hashes) {
+          Key k{src, rank, r->medium.value_or("GPU"), r->group_idx.value_or(0), h.Low64()};
+          auto it = refs.find(k);
+          if (it == refs.end()) continue;
+          if (--it->second == 0) refs.erase(it);
+        }
+        Gc();
+      } else {
+        for (auto it = refs.begin(); it != refs.end();) {
+          it = (it->first.source == src && it->first.rank == rank && it->first.medium == "GPU")
+                   ? refs.erase(it)
+                   : std::next(it);
+        }
+        Gc();
+      }
+    }
+  }
+  void ClearSource(const std::string& src) {
+    for (auto it = refs.begin(); it != refs.end();) {
+      it = it->first.source == src ? refs.erase(it) : std::next(it);
+    }
+    for (auto it = seqs.begin(); it != seqs.end();) {
+      it = it->first.first == src ? seqs.erase(it) : std::next(it);
+    }
+    Gc();
+  }
+  struct Answer {
+    int64_t depth = 0;
+    std::map<std::string, int64_t> per_medium;
+    double score = 0;
+  };
+  // hashes[i] is the engine hash of block i; keys[i] its content key (0: query by hash).
+  std::map<std::pair<std::string, int64_t>, Answer> Score(const std::vector<uint64_t>& hashes,
+                                                          const std::vector<uint64_t>& keys,
+                                                          const std::map<std::string, double>& w) {
+    std::map<std::pair<std::string, int64_t>, std::map<uint64_t, std::set<std::string>>> held;
+    for (const auto& [k, r] : refs) held[{k.source, k.rank}][k.hash].insert(k.medium);
+    std::map<std::pair<std::string, int64_t>, Answer> out;
+    for (const auto& [inst, blocks] : held) {
+      Answer a;
+      for (size_t i = 0; i < hashes.size(); ++i) {
+        auto c = content.find(hashes[i]);
+        if (c == content.end()) break;
+        if (!keys.empty() && c->second != keys[i]) break;
+        auto b = blocks.find(hashes[i]);
+        if (b == blocks.end()) break;
+        double best = 0;
+        for (const auto& m : b->second) {
+          a.per_medium[m] += 1;
+          best = std::max(best, w.at(m));
+        }
+        a.score += best;
+        a.depth += 1;
+      }
+      if (a.depth > 0) out[inst] = a;
+    }
+    return out;
+  }
+};
+
+void ExpectSameAsModel(Indexer& idx, Model& model, const std::vector<std::vector<int64_t>>& chains,
+                       uint64_t salt, int64_t bs, const std::string& where) {
+  const std::map<std::string, double> w = {{"GPU", 1.0}, {"CPU", 0.8}, {"STORAGE", 0.5}};
+  for (size_t c = 0; c < chains.size(); ++c) {
+    auto keys = *ContentKeys(chains[c], bs);
+    std::vector<uint64_t> hashes;
+    for (uint64_t k : keys) hashes.push_back(k ^ salt);
+    for (int by_hash = 0; by_hash < 2; ++by_hash) {
+      ScoreQuery q;
+      if (by_hash) {
+        q.block_hashes = hashes;
+        q.block_size = bs;
+      } else {
+        q.token_ids = chains[c];
+        q.block_size = bs;
+      }
+      auto r = idx.Score(q);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      auto expect = model.Score(hashes, by_hash ? std::vector<uint64_t>{} : keys, w);
+      std::map<std::pair<std::string, int64_t>, Model::Answer> got;
+      for (const auto& s : r->instances) {
+        if (s.prefix_blocks == 0) continue;
+        got[{s.source, s.dp_rank}] = {s.prefix_blocks, s.blocks_per_medium, s.score};
+      }
+      ASSERT_EQ(got.size(), expect.size()) << where << " chain " << c << " by_hash " << by_hash;
+      for (const auto& [inst, a] : expect) {
+        ASSERT_TRUE(got.count(inst)) << where << " missing " << inst.first << "/" << inst.second;
+        EXPECT_EQ(got[inst].depth, a.depth) << where << " " << inst.first << "/" << inst.second
+                                            << " chain " << c << " by_hash " << by_hash;
+        EXPECT_EQ(got[inst].per_medium, a.per_medium) << where << " " << inst.first;
+        EXPECT_NEAR(got[inst].score, a.score, 1e-9) << where << " " << inst.first;
+      }
+    }
+  }
+  for (const auto& [sk, seq] : model.seqs) {
+    auto l = idx.LastSequence(sk.first, sk.second);
+    ASSERT_TRUE(l.ok()) << where << " " << sk.first;
+    EXPECT_EQ(*l, seq) << where;
+  }
+}
+
+TEST(IndexerPropertyTest, RandomStreamsMatchModelAcrossReopenAndCompaction) {
+  const unsigned seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/p.db";
+  constexpr int64_t bs = 4;
+  constexpr size_t L = 10;
+  const uint64_t salt = 0x5bd1e995u;
+  // Three chains sharing their first 3 blocks.
+  std::vector<std::vector<int64_t>> chains(3);
+  for (size_t c = 0; c < chains.size(); ++c) {
+    for (size_t i = 0; i < L * bs; ++i) {
+      chains[c].push_back(i < 3 * bs ? static_cast<int64_t>(i)
+                                     : static_cast<int64_t>(1000 * (c + 1) + i));
+    }
+  }
+  std::vector<uint64_t> universe;
+  for (const auto& ch : chains) {
+    for (uint64_t k : *ContentKeys(ch, bs)) universe.push_back(k ^ salt);
+  }
+  const std::vector<std::string> sources = {"s0", "s1", "s2"};
+  const std::vector<std::string> media = {"GPU", "CPU", "STORAGE"};
+  std::map<std::pair<std::string, int64_t>, uint64_t> next_seq;
+
+  Model model;
+  auto idx = MustOpen(path);
+  ASSERT_NE(idx, nullptr);
+  for (int step = 0; step < 1500; ++step) {
+    const std::string src = sources[rng() % sources.size()];
+    const int64_t rank = static_cast<int64_t>(rng() % 2);
+    const int kind = static_cast<int>(rng() % 100);
+    if (kind < 2) {
+      ASSERT_TRUE(idx->ClearSource(src).ok());
+      model.ClearSource(src);
+      for (auto& [k, v] : next_seq) {
+        if (k.first == src) v = 0;
+      }
+      continue;
+    }
+    std::vector<KvEvent> events;
+    const int n_events = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < n_events; ++e) {
+      const int what = static_cast<int>(rng() % 100);
+      if (what < 40) {
+        const size_t c = rng() % chains.size();
+        const size_t first = rng() % L;
+        const size_t n = 1 + rng() % std::min<size_t>(4, L - first);
+        events.push_back(SelfStore(chains[c], bs, first, n, salt, rng() % 5 == 0 ? "CPU" : "GPU"));
+        if (rng() % 8 == 0) std::get<BlockStored>(events.back()).group_idx = 1;
+      } else if (what < 60) {
+        BlockStored ph;
+        ph.block_hashes = {BlockHash::Uint(universe[rng() % universe.size()])};
+        ph.medium = media[1 + rng() % 2];
+        events.push_back(ph);
+      } else if (what < 97) {
+        BlockRemoved rm;
+        rm.block_hashes = {BlockHash::Uint(universe[rng() % universe.size()])};
+        rm.medium = media[rng() % 3];
+        if (rng() % 8 == 0) rm.group_idx = 1;
+        events.push_back(rm);
+      } else {
+        events.push_back(AllBlocksCleared{});
+      }
+    }
+    uint64_t& seq = next_seq[{src, rank}];
+    // Sometimes re-deliver an old sequence (replay overlap): must be skipped.
+    const uint64_t use = (rng() % 20 == 0 && seq > 1) ? seq - 1 : ++seq;
+    const EventBatch b = Batch(events);
+    auto out = idx->ApplyBatch(src, rank, use, b);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    model.Apply(src, rank, use, b);
+    if (step % 50 == 0)
+      ExpectSameAsModel(*idx, model, chains, salt, bs, "step " + std::to_string(step));
+    if (rng() % 150 == 0) {
+      ASSERT_TRUE(idx->Compact(static_cast<int64_t>(rng() % 200)).ok());
+    }
+    if (rng() % 200 == 0) {
+      idx.reset();  // closes (final flush)
+      idx = MustOpen(path);
+      ASSERT_NE(idx, nullptr);
+      ExpectSameAsModel(*idx, model, chains, salt, bs, "reopen at step " + std::to_string(step));
+    }
+    if (::testing::Test::HasFailure()) {
+      FAIL() << "seed " << seed << " step " << step;
+    }
+  }
+  ASSERT_TRUE(idx->Compact().ok());
+  idx.reset();
+  idx = MustOpen(path);
+  ExpectSameAsModel(*idx, model, chains, salt, bs, "final reopen");
+  EXPECT_EQ(idx->Stats().log_rows_pending, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// kill -9: a child ingests until killed; the reopened file's checkpoint and content agree with
+// a clean replay of exactly the batches up to that checkpoint.
+EventBatch DeterministicBatch(uint64_t seq) {
+  std::mt19937_64 rng(seq * 7919);
+  std::vector<KvEvent> events;
+  for (int e = 0; e < 4; ++e) {
+    const uint64_t h = rng() % 3000;
+    if (rng() % 3 == 0) {
+      BlockRemoved rm;
+      rm.block_hashes = {BlockHash::Uint(h), BlockHash::Uint(h + 1)};
+      events.push_back(rm);
+    } else {
+      BlockStored st;
+      for (int i = 0; i < 8; ++i) st.block_hashes.push_back(BlockHash::Uint(h + i));
+      st.block_size = 16;
+      st.medium = rng() % 2 ? "GPU" : "CPU";
+      events.push_back(st);
+    }
+  }
+  return Batch(events);
+}
+
+std::vector<std::string> DumpLines(Indexer& idx) {
+  std::vector<std::string> out;
+  idx.Dump([&](const DumpEntry& e) {
+    out.push_back(e.source + "/" + std::to_string(e.dp_rank) + "/" + e.medium + "/" +
+                  std::to_string(e.engine_hash) + "/" + std::to_string(e.refcount) + "/" +
+                  std::to_string(e.since_seq));
+    return true;
+  });
+  return out;
+}
+
+TEST(IndexerCrashTest, KillNineCheckpointAndContentAgree) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/crash.db";
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    IndexerOptions o = TestOptions();
+    o.flush_max_events = 37;
+    o.compact_min_log_rows = 500;
+    auto r = Indexer::Open(path, o);
+    if (!r.ok()) _exit(3);
+    auto& idx = *r;
+    for (uint64_t seq = 1;; ++seq) {
+      if (!idx->ApplyBatch("engine", 0, seq, DeterministicBatch(seq)).ok()) _exit(4);
+      if (seq % 97 == 0 && !idx->Compact(300).ok()) _exit(5);
+      if (seq == 400) {
+        const char c = 'x';
+        if (::write(fds[1], &c, 1) != 1) _exit(6);
+      }
+    }
+  }
+  ::close(fds[1]);
+  char c;
+  ASSERT_EQ(::read(fds[0], &c, 1), 1);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  auto idx = MustOpen(path);
+  ASSERT_NE(idx, nullptr);
+  auto last = idx->LastSequence("engine", 0);
+  ASSERT_TRUE(last.ok());
+  EXPECT_GE(*last, 300u);  // flushed at least every 37 events
+
+  auto clean = MustOpen(dir.path() + "/clean.db");
+  for (uint64_t seq = 1; seq <= *last; ++seq) {
+    ASSERT_TRUE(clean->ApplyBatch("engine", 0, seq, DeterministicBatch(seq)).ok());
+  }
+  EXPECT_EQ(DumpLines(*idx), DumpLines(*clean));
+  // And it resumes: the next batch applies.
+  EXPECT_TRUE(idx->ApplyBatch("engine", 0, *last + 1, DeterministicBatch(*last + 1))->applied);
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(IndexerFileTest, RefusesGarbageForeignAndNewerFilesUntouched) {
+  testing::TempDir dir;
+  {
+    const std::string p = dir.path() + "/garbage.db";
+    std::ofstream(p, std::ios::binary) << std::string(8192, 'z');
+    const std::string before = ReadFile(p);
+    auto r = Indexer::Open(p, TestOptions());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(p), std::string::npos);
+    EXPECT_EQ(ReadFile(p), before);
+  }
+  {
+    const std::string p = dir.path() + "/foreign.db";
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(
+        sqlite3_exec(
+            db,
+            "CREATE TABLE customers(id INTEGER, name TEXT); INSERT INTO customers VALUES (1, 'x');",
+            nullptr, nullptr, nullptr),
+        SQLITE_OK);
+    sqlite3_close(db);
+    const std::string before = ReadFile(p);
+    auto r = Indexer::Open(p, TestOptions());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("customers"), std::string::npos);
+    EXPECT_EQ(ReadFile(p), before);
+  }
+  {
+    const std::string p = dir.path() + "/newer.db";
+    { auto idx = MustOpen(p); }
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+    const std::string before = ReadFile(p);
+    auto r = Indexer::Open(p, TestOptions());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("newer"), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(ReadFile(p), before);
+  }
+  {
+    // A kvo index whose header is damaged.
+    const std::string p = dir.path() + "/damaged.db";
+    {
+      auto idx = MustOpen(p);
+      ASSERT_TRUE(idx->ApplyBatch("a", 0, 1, DeterministicBatch(1)).ok());
+      ASSERT_TRUE(idx->Compact().ok());
+    }
+    sqlite3* db = nullptr;  // checkpoint the WAL into the main file so the header matters
+    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+    sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE", nullptr,
+                 nullptr, nullptr);
+    sqlite3_close(db);
+    std::string bytes = ReadFile(p);
+    bytes.replace(0, 16, "NotSQLiteFormat!");
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+    auto r = Indexer::Open(p, TestOptions());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+    EXPECT_EQ(ReadFile(p), bytes);
+  }
+  {
+    IndexerOptions o = TestOptions();
+    o.read_only = true;
+    EXPECT_FALSE(Indexer::Open(dir.path() + "/missing.db", o).ok());
+  }
+}
+
+TEST(IndexerBudgetTest, LeastRecentlyUsedDroppedCountedAndKeptInSqlite) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/b.db";
+  IndexerOptions o = TestOptions();
+  o.memory_budget_bytes = 256 * 1024;
+  auto idx = MustOpen(path, o);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int p = 0; p < 200; ++p) {
+    prompts.push_back(Tokens(16 * 16, p * 100000));
+    ASSERT_TRUE(idx->ApplyBatch("a", 0, static_cast<uint64_t>(p + 1),
+                                Batch({SelfStore(prompts.back(), 16, 0, 16, 0)}))
+                    .ok());
+  }
+  const IndexerStats st = idx->Stats();
+  EXPECT_GT(st.counters.dropped_by_budget, 0);
+  EXPECT_LT(st.blocks_in_memory, 200 * 16);
+  ScoreQuery q;
+  q.token_ids = prompts.back();  // most recent: kept
+  EXPECT_EQ(Find(*idx->Score(q), "a")->prefix_blocks, 16);
+  q.token_ids = prompts.front();  // oldest: dropped from memory
+  auto r = idx->Score(q);
+  EXPECT_EQ(Find(*r, "a")->prefix_blocks, 0);
+  ASSERT_TRUE(idx->Compact().ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT count(*) FROM blocks", -1, &s, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int64(s, 0), 200 * 16);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+}
+
+TEST(IndexerConcurrencyTest, ScoresWhileIngesting) {
+  testing::TempDir dir;
+  IndexerOptions o = TestOptions();
+  o.background_thread = true;
+  o.flush_interval_ms = 1;
+  auto idx = MustOpen(dir.path() + "/c.db", o);
+  const auto t = Tokens(16 * 64, 3);
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (uint64_t seq = 1; seq <= 300; ++seq) {
+      const size_t first = (seq * 7) % 60;
+      auto b = Batch({SelfStore(t, 16, 0, first + 1, 0)});
+      ASSERT_TRUE(idx->ApplyBatch("w" + std::to_string(seq % 5), 0, seq, b).ok());
+    }
+    done = true;
+  });
+  int64_t queries = 0;
+  while (!done || queries < 10) {
+    ScoreQuery q;
+    q.token_ids = t;
+    auto r = idx->Score(q);
+    ASSERT_TRUE(r.ok());
+    for (const auto& s : r->instances) EXPECT_LE(s.prefix_blocks, 64);
+    (void)idx->Stats();
+    ++queries;
+  }
+  writer.join();
+  EXPECT_GT(queries, 0);
+}
+
+}  // namespace
+}  // namespace kvo
