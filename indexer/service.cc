@@ -68,7 +68,6 @@ struct IndexerService::Impl {
   std::vector<std::unique_ptr<SourceState>> sources;
   std::vector<std::unique_ptr<StreamState>> streams;
   std::set<std::string, std::less<>> source_names;
-  std::vector<std::string> source_list;  // configured names: the default score filter
   std::unique_ptr<HttpServer> http;
   std::atomic<bool> stopping{false};
   Mutex stop_mu;
@@ -115,6 +114,9 @@ struct IndexerService::Impl {
   // Applies one batch; false when the source was cleared by a sibling (resubscribe).
   bool Apply(StreamState* s, const ReceivedBatch& b, uint64_t* my_generation);
   HttpResponse Score(const HttpRequest& r, bool explain);
+  // Keeps the instances of `wanted` sources, adds zero entries for their streams the index has
+  // not seen, and sorts best first.
+  void KeepSources(const std::set<std::string, std::less<>>& wanted, ScoreResult* result) const;
   std::vector<SourceStatus> Sources() const;
   std::string RenderMetrics();
 };
@@ -455,12 +457,42 @@ void IndexerService::Impl::RunStream(StreamState* s) {
           KVO_LOG_WARN("source '{}' rank {} ({}): nothing received for {} s; still trying",
                        s->stream.source, s->stream.dp_rank, s->stream.endpoint,
                        since_ns / 1'000'000'000);
+          MutexLock lock(&s->mu);
+          s->status.last_error = "nothing received from " + s->stream.endpoint + " for " +
+                                 std::to_string(since_ns / 1'000'000) + " ms";
           silence_log_step_ms = std::min<int64_t>(silence_log_step_ms * 2, 3'600'000);
           next_silence_log_ns = now_ns + silence_log_step_ms * 1'000'000;
         }
       }
     }
   }
+}
+
+void IndexerService::Impl::KeepSources(const std::set<std::string, std::less<>>& wanted,
+                                       ScoreResult* result) const {
+  std::erase_if(result->instances,
+                [&](const InstanceScore& i) { return !wanted.contains(i.source); });
+  std::set<std::pair<std::string, int64_t>> present;
+  for (const InstanceScore& i : result->instances) present.insert({i.source, i.dp_rank});
+  for (const auto& st : streams) {
+    if (!wanted.contains(st->stream.source) ||
+        present.contains({st->stream.source, st->stream.dp_rank})) {
+      continue;
+    }
+    InstanceScore zero;
+    zero.source = st->stream.source;
+    zero.dp_rank = st->stream.dp_rank;
+    result->instances.push_back(std::move(zero));
+  }
+  std::stable_sort(result->instances.begin(), result->instances.end(),
+                   [](const InstanceScore& a, const InstanceScore& b) {
+                     if (a.score != b.score) return a.score > b.score;
+                     if (a.prefix_blocks != b.prefix_blocks) {
+                       return a.prefix_blocks > b.prefix_blocks;
+                     }
+                     if (a.source != b.source) return a.source < b.source;
+                     return a.dp_rank < b.dp_rank;
+                   });
 }
 
 HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
@@ -472,7 +504,12 @@ HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
     score_bad->Increment();
     return HttpResponse{400, "application/json", RenderError(query.status().message())};
   }
-  if (query->sources.empty()) query->sources = source_list;
+  // Score every stream the index knows and keep the asked-for (default: configured) sources,
+  // adding a zero entry for a configured stream that has published nothing yet: the index only
+  // knows streams it has seen, the router wants one answer per configured instance.
+  std::set<std::string, std::less<>> wanted(query->sources.begin(), query->sources.end());
+  if (wanted.empty()) wanted = source_names;
+  query->sources.clear();
   if (!query->block_size && !query->token_ids.empty()) {
     query->block_size = config.default_block_size;
   }
@@ -488,6 +525,9 @@ HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
     int64_t tokens = query->token_ids.empty()
                          ? result->score.query_blocks * result->score.block_size
                          : static_cast<int64_t>(query->token_ids.size());
+    KeepSources(wanted, &result->score);
+    std::erase_if(result->instances,
+                  [&](const ExplainInstance& i) { return !wanted.contains(i.source); });
     out.body = RenderExplainResponse(*result, tokens);
   } else {
     auto result = index->Score(*query);
@@ -499,6 +539,7 @@ HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
     }
     int64_t tokens = query->token_ids.empty() ? result->query_blocks * result->block_size
                                               : static_cast<int64_t>(query->token_ids.size());
+    KeepSources(wanted, &*result);
     out.body = RenderScoreResponse(*result, tokens);
   }
   score_ok->Increment();
@@ -636,7 +677,6 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     KVO_ASSIGN_OR_RETURN(Gauge * g, parity->WithLabels({sc.name}));
     src->doctor->SetMetrics(c, m, g);
     impl->source_names.insert(sc.name);
-    impl->source_list.push_back(sc.name);
     KVO_ASSIGN_OR_RETURN(std::vector<SourceStream> streams, ExpandStreams(sc));
     for (SourceStream& stream : streams) {
       auto st = std::make_unique<StreamState>();

@@ -379,9 +379,9 @@ EventBatch NextBatch(const Corpus& c, Model& model, const StreamKey& s, std::mt1
 class Daemon {
  public:
   Daemon(const std::string& db, const std::string& config) {
-    child_ = std::make_unique<Child>(std::vector<std::string>{
-        KVO_BINARY, "--log-level", "info", "index", "serve", "--db", db, "--config", config,
-        "--http", "127.0.0.1:0"});
+    child_ = std::make_unique<Child>(
+        std::vector<std::string>{KVO_BINARY, "--log-level", "info", "index", "serve", "--db", db,
+                                 "--config", config, "--http", "127.0.0.1:0"});
     auto line = child_->ReadStdoutLine(SteadyClock::now() + kGuard);
     if (!line) {
       ADD_FAILURE() << "the daemon printed no listening line; stderr:\n" << child_->err();
@@ -427,8 +427,8 @@ class Daemon {
       if (ok == want.size() && (!extra || extra(last))) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));  // poll interval, not a sync
     }
-    ADD_FAILURE() << "sequences not reached; /v1/sources: " << last.dump(1)
-                  << "\nstderr:\n" << child_->err();
+    ADD_FAILURE() << "sequences not reached; /v1/sources: " << last.dump(1) << "\nstderr:\n"
+                  << child_->err();
     return false;
   }
 
@@ -552,17 +552,17 @@ TEST_F(IndexCommandTest, FollowsPublishersThroughLateJoinDropsRestartAndKill9) {
   cfg["hwm"] = 10;
   cfg["idle_probe_ms"] = 200;
   cfg["replay_timeout_ms"] = 2000;
-  cfg["sources"] = Json::array(
-      {{{"name", "engine-a"},
-        {"endpoint", a.config.endpoint},
-        {"replay_endpoint", *a.config.replay_endpoint},
-        {"hash", {{"algo", "sha256"}, {"seed", "0"}, {"block_size", kBlockSize}}}},
-       {{"name", "engine-b"},
-        {"endpoint", "tcp://127.0.0.1:" + std::to_string(port)},
-        {"replay_endpoint", "tcp://127.0.0.1:" + std::to_string(replay_port)},
-        {"topic", "kv"},
-        {"dp_ranks", 2},
-        {"hash", {{"algo", "sha256"}, {"seed", "1"}, {"block_size", kBlockSize}}}}});
+  cfg["sources"] =
+      Json::array({{{"name", "engine-a"},
+                    {"endpoint", a.config.endpoint},
+                    {"replay_endpoint", *a.config.replay_endpoint},
+                    {"hash", {{"algo", "sha256"}, {"seed", "0"}, {"block_size", kBlockSize}}}},
+                   {{"name", "engine-b"},
+                    {"endpoint", "tcp://127.0.0.1:" + std::to_string(port)},
+                    {"replay_endpoint", "tcp://127.0.0.1:" + std::to_string(replay_port)},
+                    {"topic", "kv"},
+                    {"dp_ranks", 2},
+                    {"hash", {{"algo", "sha256"}, {"seed", "1"}, {"block_size", kBlockSize}}}}});
   WriteFile(Path("indexer.json"), cfg.dump(1));
   const std::string db = Path("index.sqlite");
 
@@ -603,9 +603,8 @@ TEST_F(IndexCommandTest, FollowsPublishersThroughLateJoinDropsRestartAndKill9) {
   model.Clear("engine-a");
   a.Publish(corpus, model, rng, 20);
   a.Expect(&want);
-  ASSERT_TRUE(daemon->WaitForSequences(want, [](const Json& s) {
-    return s["sources"][0]["restarts_seen"].get<int64_t>() >= 1;
-  }));
+  ASSERT_TRUE(daemon->WaitForSequences(
+      want, [](const Json& s) { return s["sources"][0]["restarts_seen"].get<int64_t>() >= 1; }));
   ExpectScoresMatch(*daemon, corpus, model, streams, "after publisher restart");
 
   // The HTTP contract: 400s naming the problem, /metrics, /healthz, the C++ client via the CLI.
@@ -682,9 +681,9 @@ TEST_F(IndexCommandTest, FollowsPublishersThroughLateJoinDropsRestartAndKill9) {
                                   "--block-size", std::to_string(kBlockSize)});
   ASSERT_EQ(explain.code, 0) << explain.err;
   EXPECT_NE(explain.out.find("prefix ends because"), std::string::npos) << explain.out;
-  RunResult explain_json = RunCommand({KVO_BINARY, "index", "explain", "--db", db, "--json",
-                                       "--tokens", tokens, "--block-size",
-                                       std::to_string(kBlockSize)});
+  RunResult explain_json =
+      RunCommand({KVO_BINARY, "index", "explain", "--db", db, "--json", "--tokens", tokens,
+                  "--block-size", std::to_string(kBlockSize)});
   ASSERT_EQ(explain_json.code, 0) << explain_json.err;
   Json ej = Json::parse(explain_json.out);
   EXPECT_EQ(ej["blocks"].size(), corpus.hashes[0].size());
@@ -700,12 +699,12 @@ TEST_F(IndexCommandTest, RefusesBadConfigurationAndRemoteHttpWithoutConsent) {
   RunResult none = RunCommand({KVO_BINARY, "index", "serve", "--db", Path("x.sqlite")});
   EXPECT_EQ(none.code, 2) << none.err;
   EXPECT_NE(none.err.find("no sources"), std::string::npos) << none.err;
-  RunResult bad = RunCommand({KVO_BINARY, "index", "serve", "--db", Path("x.sqlite"), "--source",
-                              "a=udp://h:1"});
+  RunResult bad = RunCommand(
+      {KVO_BINARY, "index", "serve", "--db", Path("x.sqlite"), "--source", "a=udp://h:1"});
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("a=udp://h:1"), std::string::npos) << bad.err;
-  RunResult remote = RunCommand({KVO_BINARY, "index", "serve", "--db", Path("x.sqlite"),
-                                 "--source", "a=ipc://" + Path("a"), "--http", "0.0.0.0:0"});
+  RunResult remote = RunCommand({KVO_BINARY, "index", "serve", "--db", Path("x.sqlite"), "--source",
+                                 "a=ipc://" + Path("a"), "--http", "0.0.0.0:0"});
   EXPECT_EQ(remote.code, 2);
   EXPECT_NE(remote.err.find("beyond loopback"), std::string::npos) << remote.err;
   WriteFile(Path("foreign.sqlite"), "this is not a database, and must not be overwritten\n");
@@ -832,9 +831,9 @@ TEST_F(IndexCommandTest, ConsumesVllmStyleBusInBothEncodingsAndReplyShapes) {
     WriteFile(Path(p.name + ".jsonl"), lines);
     std::string pub = "ipc://" + Path(p.name + ".pub");
     std::string rep = "ipc://" + Path(p.name + ".replay");
-    p.child = std::make_unique<Child>(std::vector<std::string>{
-        kPython, Path("publisher.py"), pub, rep, "kv-events", p.encoding, p.shape,
-        Path(p.name + ".jsonl"), "30"});
+    p.child = std::make_unique<Child>(
+        std::vector<std::string>{kPython, Path("publisher.py"), pub, rep, "kv-events", p.encoding,
+                                 p.shape, Path(p.name + ".jsonl"), "30"});
     auto ready = p.child->ReadStdoutLine(SteadyClock::now() + kGuard);
     ASSERT_EQ(ready, "ready") << p.child->err();
     cfg["sources"].push_back({{"name", p.name},
@@ -863,10 +862,10 @@ TEST_F(IndexCommandTest, ConsumesVllmStyleBusInBothEncodingsAndReplyShapes) {
     EXPECT_EQ(src["decode_errors"], 0);
   }
   // kvo index doctor straight against a publisher: a wrong seed is named.
-  RunResult doctor = RunCommand({KVO_BINARY, "index", "doctor", "--endpoint",
-                                 "ipc://" + Path("vllm-map-new.pub"), "--replay",
-                                 "ipc://" + Path("vllm-map-new.replay"), "--topic", "kv-events",
-                                 "--hash-seed", "3", "--block-size", "4"});
+  RunResult doctor =
+      RunCommand({KVO_BINARY, "index", "doctor", "--endpoint", "ipc://" + Path("vllm-map-new.pub"),
+                  "--replay", "ipc://" + Path("vllm-map-new.replay"), "--topic", "kv-events",
+                  "--hash-seed", "3", "--block-size", "4"});
   EXPECT_EQ(doctor.code, 1) << doctor.out << doctor.err;
   EXPECT_EQ(Json::parse(doctor.out)["cause"], "seed") << doctor.out;
   RunResult fine = RunCommand({KVO_BINARY, "index", "doctor", "--endpoint",
