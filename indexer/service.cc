@@ -286,8 +286,8 @@ bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_
     s->status.last_error = outcome.status().ToString();
     return true;
   }
-  if (src->doctor) src->doctor->Check(b.batch);
   if (outcome->applied) {
+    if (src->doctor) src->doctor->Check(b.batch);  // once per batch, not per replay overlap
     s->metrics.batches->Increment();
     s->metrics.block_events->Increment(static_cast<double>(outcome->block_events));
     if (outcome->unknown_removals > 0) {
@@ -593,7 +593,6 @@ std::vector<SourceStatus> IndexerService::Impl::Sources() const {
       status.lag_seconds = ts > 0 ? std::max(0.0, now_s - ts) : 0.0;
       bool recent = activity != 0 && now_ns - activity <= config.silent_after_ms * 1'000'000;
       status.connected = recent;
-      if (status.state == "connecting" && activity != 0) status.state = "following";
       if (status.state != "retrying") {
         status.state = recent ? "following" : (activity != 0 ? "silent" : "connecting");
       }
