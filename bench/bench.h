@@ -39,5 +39,6 @@ double Percentile(std::vector<double> v, double p);
 int RunEventsBench(const BenchOptions& options);
 int RunJournalBench(const BenchOptions& options);  // bench/journal_bench.cc
 int RunManagerBench(const BenchOptions& options);  // bench/manager_bench.cc
+int RunIndexerBench(const BenchOptions& options);  // bench/indexer_bench.cc
 
 }  // namespace kvo::bench

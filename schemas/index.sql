@@ -73,6 +73,10 @@ CREATE TABLE blocks (
   PRIMARY KEY (source_id, dp_rank, medium, group_idx, engine_hash)
 ) WITHOUT ROWID;
 
+-- "Who holds engine hash X" (audit) and the content-key back-fill of compaction. Only `blocks`
+-- (maintained by background compaction) carries a secondary index; the ingest table has none.
+CREATE INDEX blocks_by_engine_hash ON blocks (engine_hash);
+
 -- Audit views: names instead of ids, hashes in hex.
 CREATE VIEW block_entries AS
   SELECT s.name AS source, b.dp_rank, b.medium, b.group_idx,

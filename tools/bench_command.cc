@@ -10,7 +10,7 @@ void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
-  cmd->add_option("area", *area, "events | journal | manager")->required();
+  cmd->add_option("area", *area, "events | journal | manager | indexer")->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
@@ -23,9 +23,11 @@ void AddBenchCommand(CLI::App& app) {
       SetExitCode(bench::RunJournalBench(*options));
     } else if (*area == "manager") {
       SetExitCode(bench::RunManagerBench(*options));
+    } else if (*area == "indexer") {
+      SetExitCode(bench::RunIndexerBench(*options));
     } else {
       Fail(Status::InvalidArgument("unknown bench area '" + *area +
-                                   "' (available: events, journal, manager)"));
+                                   "' (available: events, journal, manager, indexer)"));
     }
   });
 }
