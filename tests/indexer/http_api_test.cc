@@ -4,6 +4,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <random>
+
+#include "indexer/sources_config.h"
+#include "tests/testing/temp_dir.h"
+
 namespace kvo {
 namespace {
 
@@ -128,6 +133,67 @@ TEST(HttpApiTest, RequestAndResponseRoundTrip) {
   EXPECT_EQ(parsed->instances[0].blocks_per_medium, s.blocks_per_medium);
   EXPECT_DOUBLE_EQ(parsed->instances[0].score, 1.8);
   EXPECT_EQ(ParseErrorMessage(RenderError("bad \"x\"")), "bad \"x\"");
+}
+
+// Mutated bodies and configs (byte flips, truncations, splices of valid ones) never crash the
+// parsers: each answer is a value or InvalidArgument with a message. (ASan/UBSan runs make this a
+// small fuzzer.)
+TEST(HttpApiTest, MutatedInputsAreRejectedCleanly) {
+  std::mt19937_64 rng(testing::TestSeed());
+  const std::vector<std::string> seeds = {
+      R"({"token_ids": [1, 2, 3], "block_size": 4, "weights": {"GPU": 1, "CPU": 0.8}})",
+      R"({"block_hashes": [18446744073709551615, "00ff", -3], "sources": ["a", "b"]})",
+      R"({"token_ids": [9223372036854775807, -9223372036854775808], "lora_name": null})",
+  };
+  const std::vector<std::string> configs = {
+      R"({"sources": [{"name": "a", "endpoint": "tcp://h:5557", "dp_ranks": 2,
+          "hash": {"algo": "sha256_cbor", "seed": "0", "block_size": 16}}], "http": "127.0.0.1:0"})",
+  };
+  const std::string alphabet = "{}[]\",:0123456789-.eE truefalsnul\\\x00\xff";
+  auto mutate = [&](std::string s) {
+    int n = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < n && !s.empty(); ++i) {
+      size_t pos = rng() % s.size();
+      switch (rng() % 4) {
+        case 0:
+          s[pos] = alphabet[rng() % alphabet.size()];
+          break;
+        case 1:
+          s.erase(pos, 1 + rng() % 8);
+          break;
+        case 2:
+          s.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        default:
+          s.resize(pos);
+          break;
+      }
+    }
+    return s;
+  };
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::string body = mutate(seeds[rng() % seeds.size()]);
+    auto q = Parse(body);
+    if (q.ok()) {
+      ++accepted;
+      EXPECT_NE(q->token_ids.empty(), q->block_hashes.empty()) << body;
+    } else {
+      EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument) << body;
+      EXPECT_FALSE(q.status().message().empty());
+    }
+    std::string cfg = mutate(configs[0]);
+    auto c = ParseIndexerConfig(cfg, "fuzz.json");
+    if (!c.ok()) {
+      EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << cfg;
+    }
+    std::string flag = mutate("a=tcp://h:1,replay=tcp://h:2,dp_ranks=2,hash_seed=0,block_size=4");
+    auto f = ParseSourceFlag(flag);
+    if (!f.ok()) {
+      EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument) << flag;
+    }
+  }
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace
