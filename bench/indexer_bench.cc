@@ -87,7 +87,12 @@ int IngestCase(const BenchOptions& o) {
   size_t block_events = 0;
   for (const auto& b : batches) block_events += CountBlockEvents(b);
 
-  auto idx = Indexer::Open(dir.path + "/ingest.db", BenchOptionsFor());
+  // As the daemon runs it: the background thread commits while the caller applies.
+  IndexerOptions io = BenchOptionsFor();
+  io.background_thread = true;
+  io.flush_interval_ms = 10;
+  io.compact_min_log_rows = int64_t{1} << 40;  // compaction measured separately below
+  auto idx = Indexer::Open(dir.path + "/ingest.db", io);
   if (!idx.ok()) {
     std::fprintf(stderr, "indexer bench: %s\n", idx.status().ToString().c_str());
     return 1;
@@ -99,6 +104,23 @@ int IngestCase(const BenchOptions& o) {
   if (!(*idx)->Flush().ok()) return 1;
   const auto t1 = Clk::now();
   const double rate = static_cast<double>(block_events) / Seconds(t0, t1);
+  // Breakdown (notes): the in-memory apply alone, then one commit of all rows.
+  double apply_rate = 0, commit_rate = 0;
+  {
+    IndexerOptions bo = BenchOptionsFor();
+    bo.flush_max_events = size_t{1} << 40;
+    auto split = Indexer::Open(dir.path + "/split.db", bo);
+    if (!split.ok()) return 1;
+    const auto a0 = Clk::now();
+    for (size_t i = 0; i < batches.size(); ++i) {
+      if (!(*split)->ApplyBatch("engine", 0, i + 1, batches[i]).ok()) return 1;
+    }
+    const auto a1 = Clk::now();
+    if (!(*split)->Flush().ok()) return 1;
+    const auto a2 = Clk::now();
+    apply_rate = static_cast<double>(block_events) / Seconds(a0, a1);
+    commit_rate = static_cast<double>(block_events) / Seconds(a1, a2);
+  }
   // Compaction (background work, not on the ingest path), reported in the notes.
   const auto c0 = Clk::now();
   if (!(*idx)->Compact().ok()) return 1;
@@ -137,11 +159,12 @@ int IngestCase(const BenchOptions& o) {
   r.baseline_name = "sqlite autocommit insert per block event";
   r.baseline = base_rate;
   r.target = 500000;
-  char notes[256];
+  char notes[400];
   std::snprintf(notes, sizeof(notes),
                 "%zu block events in batches of 16 (1 in 4 a removal), self-describing tokens, "
-                "durable at the end; compaction into blocks afterwards %.0f block events/s",
-                block_events, compact_rate);
+                "durable at the end (apply alone %.0f/s, SQLite commit alone %.0f/s); compaction "
+                "into blocks afterwards %.0f block events/s",
+                block_events, apply_rate, commit_rate, compact_rate);
   r.notes = notes;
   PrintResult(r, o);
   return 0;
@@ -254,8 +277,11 @@ int ScoreCase(const BenchOptions& o) {
 
   // Baseline: one SQL point lookup per block on the compacted `blocks` table, walking until
   // every source has dropped out.
+  // The baseline gets its own index on engine_hash (built outside the timing).
   sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) return 1;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) return 1;
+  sqlite3_exec(db, "CREATE INDEX IF NOT EXISTS bench_by_hash ON blocks (engine_hash)", nullptr,
+               nullptr, nullptr);
   sqlite3_stmt* q = nullptr;
   sqlite3_prepare_v2(db, "SELECT source_id, dp_rank FROM blocks WHERE engine_hash = ?", -1, &q,
                      nullptr);
@@ -290,54 +316,79 @@ int ScoreCase(const BenchOptions& o) {
   char notes[320];
   for (const char* which : {"p50", "p99"}) {
     const double p = which[1] == '5' ? 50 : 99;
+    const bool p99 = p == 99;
     BenchResult r;
     r.area = "indexer";
     r.name = std::string("score_128k_tokens_100_sources_by_hash_") + which;
-    r.unit = "ms";
-    r.value = Percentile(lat_hash, p);
+    r.unit = "us";
+    r.value = Percentile(lat_hash, p) * 1e3;
     r.baseline_name = "one sqlite lookup per block";
-    r.baseline = Percentile(lat_sql, p);
-    r.target = p == 99 ? 0.5 : 0;
+    r.baseline = Percentile(lat_sql, p) * 1e3;
     std::snprintf(notes, sizeof(notes),
-                  "8192 blocks, 100 sources, %zu blocks and %lld entries in memory, %d wrong "
-                  "prefixes; lower is better",
-                  static_cast<size_t>(st.blocks_in_memory),
-                  static_cast<long long>(st.entries_in_memory), static_cast<int>(wrong));
+                  "8192 blocks, 100 sources, %lld blocks / %lld entries in memory, %d wrong "
+                  "prefixes; lower is better%s",
+                  static_cast<long long>(st.blocks_in_memory),
+                  static_cast<long long>(st.entries_in_memory), static_cast<int>(wrong),
+                  p99 ? (r.value < 500 ? "; target < 500 us [target met]"
+                                       : "; target < 500 us [below target]")
+                      : "");
     r.notes = notes;
     PrintResult(r, o);
     BenchResult t = r;
     t.name = std::string("score_128k_tokens_100_sources_by_tokens_") + which;
-    t.value = Percentile(lat_tokens, p);
-    t.notes = "includes computing the 8192 content keys from 131072 token ids; lower is better";
+    t.value = Percentile(lat_tokens, p) * 1e3;
+    t.notes = std::string(
+                  "includes computing 8192 content keys from 131072 token ids; lower is "
+                  "better") +
+              (p99 ? (t.value < 500 ? "; target < 500 us [target met]"
+                                    : "; target < 500 us [below target]")
+                   : "");
     PrintResult(t, o);
   }
 
-  // Resident bytes per entry: ours vs unordered_map<hash, vector<(source, medium)>> of the same
-  // entries (heap measured with mallinfo2).
-  const size_t before = HeapInUse();
+  // Resident bytes per entry: ours vs the textbook structure holding the same information
+  // (llm-d style: content key -> vector of holders {instance, medium, group, refcount, since},
+  // plus engine hash -> content key), heap measured with mallinfo2.
+  struct Holder {
+    uint16_t instance;
+    uint8_t medium;
+    uint8_t group;
+    uint16_t refcount;
+    uint64_t since;
+  };
   size_t naive_entries = 0;
+  std::vector<DumpEntry> entries_copy;
+  idx.Dump([&](const DumpEntry& e) {
+    entries_copy.push_back(e);
+    return true;
+  });
+  const size_t before = HeapInUse();
   {
-    std::unordered_map<uint64_t, std::vector<std::pair<uint16_t, uint8_t>>> naive;
-    idx.Dump([&](const DumpEntry& e) {
-      naive[e.engine_hash].emplace_back(static_cast<uint16_t>(std::stoul(e.source.substr(7))),
-                                        static_cast<uint8_t>(e.medium.size()));
+    std::unordered_map<uint64_t, std::vector<Holder>> by_key;
+    std::unordered_map<uint64_t, uint64_t> engine_to_key;
+    for (const DumpEntry& e : entries_copy) {
+      const uint64_t key = e.content_key != 0 ? e.content_key : e.engine_hash;
+      by_key[key].push_back(Holder{static_cast<uint16_t>(std::stoul(e.source.substr(7))),
+                                   static_cast<uint8_t>(e.medium.size()),
+                                   static_cast<uint8_t>(e.group), static_cast<uint16_t>(e.refcount),
+                                   e.since_seq});
+      engine_to_key[e.engine_hash] = key;
       ++naive_entries;
-      return true;
-    });
+    }
     const size_t naive_bytes = HeapInUse() - before;
     BenchResult r;
     r.area = "indexer";
     r.name = "resident_bytes_per_entry";
     r.unit = "bytes";
     r.value = static_cast<double>(st.memory_bytes) / static_cast<double>(st.entries_in_memory);
-    r.baseline_name = "unordered_map<hash, vector<holder>>";
+    r.baseline_name = "unordered_map<key, vector<holder>> + engine map";
     r.baseline = static_cast<double>(naive_bytes) / static_cast<double>(naive_entries);
-    r.target = 100;
     std::snprintf(notes, sizeof(notes),
                   "entry = (source, rank, medium, group, block); %.1f bytes per distinct block "
-                  "(%lld blocks, %zu allocated bytes); lower is better",
+                  "(%lld blocks, %zu allocated bytes); lower is better; target <= 100 %s",
                   static_cast<double>(st.memory_bytes) / static_cast<double>(st.blocks_in_memory),
-                  static_cast<long long>(st.blocks_in_memory), st.memory_bytes);
+                  static_cast<long long>(st.blocks_in_memory), st.memory_bytes,
+                  r.value <= 100 ? "[target met]" : "[below target]");
     r.notes = notes;
     PrintResult(r, o);
   }

@@ -1,4 +1,5 @@
 // kvo's content key (schemas/index.md): chained XXH3-64 over little-endian token ids.
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -33,9 +34,14 @@ uint64_t ContentKey(uint64_t parent, std::span<const int64_t> block_tokens) {
     heap.resize(n);
     p = reinterpret_cast<unsigned char*>(heap.data());
   }
-  PutLe64(p, parent);
-  for (size_t i = 0; i < block_tokens.size(); ++i) {
-    PutLe64(p + 8 + 8 * i, static_cast<uint64_t>(block_tokens[i]));
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(p, &parent, 8);
+    if (!block_tokens.empty()) std::memcpy(p + 8, block_tokens.data(), 8 * block_tokens.size());
+  } else {
+    PutLe64(p, parent);
+    for (size_t i = 0; i < block_tokens.size(); ++i) {
+      PutLe64(p + 8 + 8 * i, static_cast<uint64_t>(block_tokens[i]));
+    }
   }
   return NonZero(XXH3_64bits(p, n));
 }

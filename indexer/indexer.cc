@@ -239,11 +239,13 @@ struct Indexer::Impl {
   Clock* clock = nullptr;
   sqlite3* db = nullptr;
 
+  // Lock order: db_mu, then ingest_mu, then state_mu.
+  Mutex db_mu;  // the SQLite connection, its statements, log_rows
   Mutex ingest_mu;
   std::vector<LogRow> pending GUARDED_BY(ingest_mu);
   int64_t pending_since_ns GUARDED_BY(ingest_mu) = 0;
   std::vector<std::pair<uint32_t, std::string>> new_sources GUARDED_BY(ingest_mu);
-  int64_t log_rows GUARDED_BY(ingest_mu) = 0;
+  int64_t log_rows GUARDED_BY(db_mu) = 0;
   Stmt ins_source, ins_log, up_stream, sel_log, ups_block, dec_block, del_block, clr_block, set_ck,
       del_log;
 
@@ -267,13 +269,26 @@ struct Indexer::Impl {
   }
 
   Status OpenDb();
-  Status Load() EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
+  Status Load() EXCLUSIVE_LOCKS_REQUIRED(db_mu);
   Status Prepare();
   // Applies one row to memory and counts; the row's content keys are final.
   void ApplyRow(const LogRow& row, ApplyOutcome* out) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
   uint32_t SourceId(std::string_view name, bool create) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
-  Status FlushLocked() EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
-  Status CompactChunk(int64_t limit, int64_t* folded) EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
+  // Takes the pending rows (under ingest_mu, briefly) and commits them (under db_mu only), so
+  // ingest continues while SQLite writes. On failure the rows go back in front of pending.
+  Status FlushLocked() EXCLUSIVE_LOCKS_REQUIRED(db_mu) LOCKS_EXCLUDED(ingest_mu);
+  // The same with ingest_mu already held (ClearSource).
+  Status FlushHoldingIngest() EXCLUSIVE_LOCKS_REQUIRED(db_mu, ingest_mu);
+  struct Taken {
+    std::vector<LogRow> rows;
+    std::vector<std::pair<uint32_t, std::string>> sources;
+    std::vector<std::tuple<uint32_t, int64_t, uint64_t, double>> dirty;
+  };
+  Taken TakePending() EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
+  void PutBack(Taken& t) EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
+  Status Commit(const Taken& t) EXCLUSIVE_LOCKS_REQUIRED(db_mu);
+  void MarkDurable(const Taken& t) EXCLUSIVE_LOCKS_REQUIRED(db_mu);
+  Status CompactChunk(int64_t limit, int64_t* folded) EXCLUSIVE_LOCKS_REQUIRED(db_mu);
   Status FoldRow(const LogRow& row);
   void EvictIfNeeded() EXCLUSIVE_LOCKS_REQUIRED(state_mu);
   Result<std::vector<uint64_t>> QueryKeys(const ScoreQuery& q, bool* by_engine,
@@ -606,7 +621,7 @@ Indexer::~Indexer() {
     impl_->bg.join();
   }
   if (!impl_->opt.read_only && impl_->db) {
-    MutexLock l(&impl_->ingest_mu);
+    MutexLock l(&impl_->db_mu);
     const Status s = impl_->FlushLocked();
     if (!s.ok())
       KVO_LOG_ERROR("indexer: final flush of '{}' failed: {}", impl_->path, s.ToString());
@@ -629,7 +644,7 @@ Result<std::unique_ptr<Indexer>> Indexer::Open(const std::string& path,
   KVO_RETURN_IF_ERROR(impl->OpenDb());
   KVO_RETURN_IF_ERROR(impl->Prepare());
   {
-    MutexLock l(&impl->ingest_mu);
+    MutexLock l(&impl->db_mu);
     KVO_RETURN_IF_ERROR(impl->Load());
   }
   std::unique_ptr<Indexer> idx(new Indexer(std::move(impl)));
@@ -649,7 +664,7 @@ void Indexer::Impl::BackgroundLoop() {
       bg_cv.WaitFor(interval);
       if (stop) return;
     }
-    MutexLock l(&ingest_mu);
+    MutexLock l(&db_mu);
     Status s = FlushLocked();
     if (s.ok() && log_rows >= opt.compact_min_log_rows) {
       int64_t folded = 0;
@@ -673,130 +688,182 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
                                    std::string(source) + "' is out of range");
   }
   ApplyOutcome out;
-  MutexLock ingest(&d.ingest_mu);
-  const double now = d.clock->NowSeconds();
-  std::vector<LogRow> rows;
+  bool must_flush = false;
   {
-    WriterLock l(&d.state_mu);
-    const bool known_source = d.source_ids.count(source) > 0;
-    const uint32_t sid = d.SourceId(source, true);
-    if (!known_source) d.new_sources.emplace_back(sid, std::string(source));
-    auto sit = d.streams.find({sid, dp_rank});
-    if (sit != d.streams.end() && seq <= sit->second.last_seq) {
-      ++d.counters.batches_duplicate;
-      return out;
-    }
-    const uint32_t inst = d.mem.InstanceId(sid, dp_rank);
-    if (inst == UINT32_MAX) {
-      return Status::OutOfRange("too many (source, dp_rank) streams in index '" + d.path + "'");
-    }
-    // Convert every event first (validating), then apply them in order.
-    rows.reserve(batch.events.size());
-    for (const KvEvent& ev : batch.events) {
-      LogRow r;
-      r.source_id = sid;
-      r.dp_rank = dp_rank;
-      r.seq = seq;
-      r.ts = batch.ts;
-      r.seen_at = now;
-      if (const auto* st = std::get_if<BlockStored>(&ev)) {
-        r.kind = kStore;
-        r.medium = st->medium.value_or(kMediumGpu);
-        r.group = st->group_idx.value_or(0);
-        r.block_size = st->block_size;
-        r.lora_name = st->lora_name;
-        if (st->parent_block_hash) r.parent = st->parent_block_hash->Low64();
-        r.hashes.reserve(st->block_hashes.size());
-        for (const BlockHash& h : st->block_hashes) r.hashes.push_back(h.Low64());
-        r.token_ids = st->token_ids;
-      } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
-        r.kind = kRemove;
-        r.medium = rm->medium.value_or(kMediumGpu);
-        r.group = rm->group_idx.value_or(0);
-        r.hashes.reserve(rm->block_hashes.size());
-        for (const BlockHash& h : rm->block_hashes) r.hashes.push_back(h.Low64());
-      } else {
-        r.kind = kClearAll;
-        r.medium = kMediumGpu;
+    MutexLock ingest(&d.ingest_mu);
+    const double now = d.clock->NowSeconds();
+    std::vector<LogRow> rows;
+    {
+      WriterLock l(&d.state_mu);
+      const bool known_source = d.source_ids.count(source) > 0;
+      const uint32_t sid = d.SourceId(source, true);
+      if (!known_source) d.new_sources.emplace_back(sid, std::string(source));
+      auto sit = d.streams.find({sid, dp_rank});
+      if (sit != d.streams.end() && seq <= sit->second.last_seq) {
+        ++d.counters.batches_duplicate;
+        return out;
       }
-      if (d.mem.MediumId(r.medium) == UINT32_MAX || d.mem.GroupId(r.group) == UINT32_MAX) {
-        return Status::OutOfRange("source '" + std::string(source) +
-                                  "': too many distinct media or KV-cache groups (medium '" +
-                                  r.medium + "', group " + std::to_string(r.group) + ")");
+      const uint32_t inst = d.mem.InstanceId(sid, dp_rank);
+      if (inst == UINT32_MAX) {
+        return Status::OutOfRange("too many (source, dp_rank) streams in index '" + d.path + "'");
       }
-      rows.push_back(std::move(r));
-    }
-    for (LogRow& r : rows) {
-      if (r.kind == kStore) {
-        const size_t n = r.hashes.size();
-        r.content_keys.assign(n, 0);
-        if (r.token_ids.empty()) {
-          for (size_t i = 0; i < n; ++i) {
-            const uint32_t node = d.mem.NodeByEngine(r.hashes[i]);
-            r.content_keys[i] = node == kNoNode ? 0 : d.mem.NodeContentKey(node);
-            if (r.content_keys[i] != 0) {
-              ++d.counters.placeholders_resolved;
-            } else {
-              ++d.counters.placeholders_unresolved;
-            }
-          }
-        } else if (r.block_size > 0 &&
-                   r.token_ids.size() == n * static_cast<size_t>(r.block_size)) {
-          uint64_t parent_key = 0;
-          if (!r.parent) {
-            parent_key = ContentKeyRoot(r.lora_name.value_or(""));
-          } else {
-            const uint32_t node = d.mem.NodeByEngine(*r.parent);
-            parent_key = node == kNoNode ? 0 : d.mem.NodeContentKey(node);
-          }
-          if (parent_key == 0) {
-            ++d.counters.unresolved_parents;
-          } else {
-            const size_t bs = static_cast<size_t>(r.block_size);
-            for (size_t i = 0; i < n; ++i) {
-              parent_key =
-                  ContentKey(parent_key, std::span<const int64_t>(r.token_ids).subspan(i * bs, bs));
-              r.content_keys[i] = parent_key;
-            }
-          }
+      // Convert every event first (validating), then apply them in order.
+      rows.reserve(batch.events.size());
+      for (const KvEvent& ev : batch.events) {
+        LogRow r;
+        r.source_id = sid;
+        r.dp_rank = dp_rank;
+        r.seq = seq;
+        r.ts = batch.ts;
+        r.seen_at = now;
+        if (const auto* st = std::get_if<BlockStored>(&ev)) {
+          r.kind = kStore;
+          r.medium = st->medium.value_or(kMediumGpu);
+          r.group = st->group_idx.value_or(0);
+          r.block_size = st->block_size;
+          r.lora_name = st->lora_name;
+          if (st->parent_block_hash) r.parent = st->parent_block_hash->Low64();
+          r.hashes.reserve(st->block_hashes.size());
+          for (const BlockHash& h : st->block_hashes) r.hashes.push_back(h.Low64());
+          r.token_ids = st->token_ids;
+        } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
+          r.kind = kRemove;
+          r.medium = rm->medium.value_or(kMediumGpu);
+          r.group = rm->group_idx.value_or(0);
+          r.hashes.reserve(rm->block_hashes.size());
+          for (const BlockHash& h : rm->block_hashes) r.hashes.push_back(h.Low64());
         } else {
-          ++d.counters.content_mismatches;
+          r.kind = kClearAll;
+          r.medium = kMediumGpu;
         }
+        if (d.mem.MediumId(r.medium) == UINT32_MAX || d.mem.GroupId(r.group) == UINT32_MAX) {
+          return Status::OutOfRange("source '" + std::string(source) +
+                                    "': too many distinct media or KV-cache groups (medium '" +
+                                    r.medium + "', group " + std::to_string(r.group) + ")");
+        }
+        rows.push_back(std::move(r));
       }
-      d.ApplyRow(r, &out);
+      for (LogRow& r : rows) {
+        if (r.kind == kStore) {
+          const size_t n = r.hashes.size();
+          r.content_keys.assign(n, 0);
+          if (r.token_ids.empty()) {
+            for (size_t i = 0; i < n; ++i) {
+              const uint32_t node = d.mem.NodeByEngine(r.hashes[i]);
+              r.content_keys[i] = node == kNoNode ? 0 : d.mem.NodeContentKey(node);
+              if (r.content_keys[i] != 0) {
+                ++d.counters.placeholders_resolved;
+              } else {
+                ++d.counters.placeholders_unresolved;
+              }
+            }
+          } else if (r.block_size > 0 &&
+                     r.token_ids.size() == n * static_cast<size_t>(r.block_size)) {
+            uint64_t parent_key = 0;
+            if (!r.parent) {
+              parent_key = ContentKeyRoot(r.lora_name.value_or(""));
+            } else {
+              const uint32_t node = d.mem.NodeByEngine(*r.parent);
+              parent_key = node == kNoNode ? 0 : d.mem.NodeContentKey(node);
+            }
+            if (parent_key == 0) {
+              ++d.counters.unresolved_parents;
+            } else {
+              const size_t bs = static_cast<size_t>(r.block_size);
+              for (size_t i = 0; i < n; ++i) {
+                parent_key = ContentKey(parent_key,
+                                        std::span<const int64_t>(r.token_ids).subspan(i * bs, bs));
+                r.content_keys[i] = parent_key;
+              }
+            }
+          } else {
+            ++d.counters.content_mismatches;
+          }
+        }
+        d.ApplyRow(r, &out);
+      }
+      StreamState& s = d.streams[{sid, dp_rank}];
+      s.last_seq = seq;
+      s.last_ts = batch.ts;
+      s.dirty = true;
+      ++d.counters.batches_applied;
+      out.applied = true;
+      d.tick.fetch_add(1, std::memory_order_relaxed);
+      d.EvictIfNeeded();
     }
-    StreamState& s = d.streams[{sid, dp_rank}];
-    s.last_seq = seq;
-    s.last_ts = batch.ts;
-    s.dirty = true;
-    ++d.counters.batches_applied;
-    out.applied = true;
-    d.tick.fetch_add(1, std::memory_order_relaxed);
-    d.EvictIfNeeded();
+    if (d.pending.empty()) d.pending_since_ns = d.clock->MonotonicNanos();
+    for (LogRow& r : rows) d.pending.push_back(std::move(r));
+    const bool due =
+        d.pending.size() >= d.opt.flush_max_events ||
+        d.clock->MonotonicNanos() - d.pending_since_ns >= d.opt.flush_interval_ms * 1'000'000;
+    if (d.bg.joinable()) {
+      // The background thread commits; the caller commits itself only as back-pressure.
+      if (due) d.bg_cv.Signal();
+      must_flush = d.pending.size() >= 4 * d.opt.flush_max_events;
+    } else {
+      must_flush = due;
+    }
   }
-  if (d.pending.empty()) d.pending_since_ns = d.clock->MonotonicNanos();
-  for (LogRow& r : rows) d.pending.push_back(std::move(r));
-  if (d.pending.empty()) d.pending_since_ns = d.clock->MonotonicNanos();
-  const bool due =
-      d.pending.size() >= d.opt.flush_max_events ||
-      d.clock->MonotonicNanos() - d.pending_since_ns >= d.opt.flush_interval_ms * 1'000'000;
-  if (due) KVO_RETURN_IF_ERROR(d.FlushLocked());
+  if (must_flush) {
+    MutexLock db(&d.db_mu);
+    KVO_RETURN_IF_ERROR(d.FlushLocked());
+  }
   return out;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Durability.
 
+Indexer::Impl::Taken Indexer::Impl::TakePending() {
+  Taken t;
+  t.rows.swap(pending);
+  t.sources.swap(new_sources);
+  ReaderLock l(&state_mu);
+  for (const auto& [key, st] : streams) {
+    if (st.dirty) t.dirty.emplace_back(key.first, key.second, st.last_seq, st.last_ts);
+  }
+  return t;
+}
+
+void Indexer::Impl::PutBack(Taken& t) {
+  t.rows.insert(t.rows.end(), std::make_move_iterator(pending.begin()),
+                std::make_move_iterator(pending.end()));
+  pending.swap(t.rows);
+  t.sources.insert(t.sources.end(), new_sources.begin(), new_sources.end());
+  new_sources.swap(t.sources);
+}
+
 Status Indexer::Impl::FlushLocked() {
   if (opt.read_only) return Status::Ok();
-  std::vector<std::tuple<uint32_t, int64_t, uint64_t, double>> dirty;
+  Taken t;
   {
-    ReaderLock l(&state_mu);
-    for (const auto& [key, s] : streams) {
-      if (s.dirty) dirty.emplace_back(key.first, key.second, s.last_seq, s.last_ts);
-    }
+    MutexLock l(&ingest_mu);
+    t = TakePending();
   }
-  if (pending.empty() && dirty.empty() && new_sources.empty()) return Status::Ok();
+  const Status s = Commit(t);
+  if (!s.ok()) {
+    MutexLock l(&ingest_mu);
+    PutBack(t);
+    return s;
+  }
+  MarkDurable(t);
+  return Status::Ok();
+}
+
+Status Indexer::Impl::FlushHoldingIngest() {
+  if (opt.read_only) return Status::Ok();
+  Taken t = TakePending();
+  const Status s = Commit(t);
+  if (!s.ok()) {
+    PutBack(t);
+    return s;
+  }
+  MarkDurable(t);
+  return Status::Ok();
+}
+
+Status Indexer::Impl::Commit(const Taken& t) {
+  if (t.rows.empty() && t.dirty.empty() && t.sources.empty()) return Status::Ok();
   const double now = clock->NowSeconds();
   KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
   auto fail = [&](const char* what) {
@@ -804,7 +871,7 @@ Status Indexer::Impl::FlushLocked() {
     (void)Exec(db, "ROLLBACK", path);
     return s;
   };
-  for (const auto& [id, name] : new_sources) {
+  for (const auto& [id, name] : t.sources) {
     ins_source.Int(1, id);
     ins_source.Text(2, name);
     const int rc = ins_source.Step();
@@ -812,7 +879,7 @@ Status Indexer::Impl::FlushLocked() {
     if (rc != SQLITE_DONE) return fail("inserting a source");
   }
   std::string hashes, keys, tokens;
-  for (const LogRow& r : pending) {
+  for (const LogRow& r : t.rows) {
     hashes = EncodeU64s(r.hashes);
     keys = EncodeU64s(r.content_keys);
     const int width = EncodeTokens(r.token_ids, &tokens);
@@ -835,7 +902,7 @@ Status Indexer::Impl::FlushLocked() {
     ins_log.Reset();
     if (rc != SQLITE_DONE) return fail("appending to event_log");
   }
-  for (const auto& [sid, rank, seq, ts] : dirty) {
+  for (const auto& [sid, rank, seq, ts] : t.dirty) {
     up_stream.Int(1, sid);
     up_stream.Int(2, rank);
     up_stream.U64(3, seq);
@@ -849,21 +916,20 @@ Status Indexer::Impl::FlushLocked() {
     (void)Exec(db, "ROLLBACK", path);
     return s;
   }
-  log_rows += static_cast<int64_t>(pending.size());
-  log_rows_pending = log_rows;
-  pending.clear();
-  new_sources.clear();
-  {
-    WriterLock l(&state_mu);
-    for (const auto& [sid, rank, seq, ts] : dirty) {
-      auto it = streams.find({sid, rank});
-      if (it == streams.end()) continue;
-      it->second.durable_seq = seq;
-      if (it->second.last_seq == seq) it->second.dirty = false;
-    }
-    ++counters.flushes;
-  }
   return Status::Ok();
+}
+
+void Indexer::Impl::MarkDurable(const Taken& t) {
+  log_rows += static_cast<int64_t>(t.rows.size());
+  log_rows_pending = log_rows;
+  WriterLock l(&state_mu);
+  for (const auto& [sid, rank, seq, ts] : t.dirty) {
+    auto it = streams.find({sid, rank});
+    if (it == streams.end()) continue;
+    it->second.durable_seq = seq;
+    if (it->second.last_seq == seq) it->second.dirty = false;
+  }
+  if (!t.rows.empty() || !t.dirty.empty()) ++counters.flushes;
 }
 
 Status Indexer::Impl::FoldRow(const LogRow& r) {
@@ -968,14 +1034,14 @@ Status Indexer::Flush() {
   if (impl_->opt.read_only) {
     return Status::FailedPrecondition("index '" + impl_->path + "' is read-only");
   }
-  MutexLock l(&impl_->ingest_mu);
+  MutexLock l(&impl_->db_mu);
   return impl_->FlushLocked();
 }
 
 Status Indexer::Compact(int64_t max_rows) {
   Impl& d = *impl_;
   if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
-  MutexLock l(&d.ingest_mu);
+  MutexLock l(&d.db_mu);
   KVO_RETURN_IF_ERROR(d.FlushLocked());
   int64_t left = max_rows < 0 ? INT64_MAX : max_rows;
   while (left > 0 && d.log_rows > 0) {
@@ -990,6 +1056,7 @@ Status Indexer::Compact(int64_t max_rows) {
 Status Indexer::ClearSource(std::string_view source) {
   Impl& d = *impl_;
   if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
+  MutexLock db(&d.db_mu);
   MutexLock ingest(&d.ingest_mu);
   uint32_t sid;
   {
@@ -998,7 +1065,7 @@ Status Indexer::ClearSource(std::string_view source) {
     if (it == d.source_ids.end()) return Status::Ok();
     sid = it->second;
   }
-  KVO_RETURN_IF_ERROR(d.FlushLocked());
+  KVO_RETURN_IF_ERROR(d.FlushHoldingIngest());
   KVO_RETURN_IF_ERROR(Exec(d.db, "BEGIN IMMEDIATE", d.path));
   Status s;
   int64_t log_deleted = 0;
@@ -1249,8 +1316,8 @@ IndexerStats Indexer::Stats() const {
     return std::tie(a.source, a.dp_rank) < std::tie(b.source, b.dp_rank);
   });
   {
-    // page_count * page_size; the connection is only used under ingest_mu elsewhere.
-    MutexLock l(&const_cast<Impl&>(d).ingest_mu);
+    // page_count * page_size; the connection is used under db_mu only.
+    MutexLock l(&const_cast<Impl&>(d).db_mu);
     Stmt q;
     if (q.Prepare(d.db,
                   "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")

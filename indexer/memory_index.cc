@@ -11,30 +11,6 @@ constexpr size_t kMaxInstances = 0xFFFF;
 constexpr size_t kMaxMedia = 0xFF;
 constexpr size_t kMaxGroups = 0xFF;
 
-// Adds a 1-bit-per-instance mask to bit-sliced counters: planes[p*words + w] holds bit p of the
-// counts of instances 64w..64w+63.
-inline void AddMask(uint64_t* planes, size_t words, size_t num_planes, const uint64_t* mask) {
-  for (size_t w = 0; w < words; ++w) {
-    uint64_t carry = mask[w];
-    for (size_t p = 0; carry != 0 && p < num_planes; ++p) {
-      uint64_t& plane = planes[p * words + w];
-      const uint64_t next = plane & carry;
-      plane ^= carry;
-      carry = next;
-    }
-  }
-}
-
-inline int64_t ReadCount(const uint64_t* planes, size_t words, size_t num_planes, uint32_t inst) {
-  const size_t w = inst / 64;
-  const uint64_t bit = uint64_t{1} << (inst % 64);
-  int64_t c = 0;
-  for (size_t p = 0; p < num_planes; ++p) {
-    if (planes[p * words + w] & bit) c |= int64_t{1} << p;
-  }
-  return c;
-}
-
 }  // namespace
 
 MemoryIndex::MemoryIndex() {
@@ -203,13 +179,13 @@ std::vector<ScoreCounts> MemoryIndex::Score(std::span<const uint64_t> keys, bool
   const size_t W = words_;
   const size_t M = media_.size();
   const size_t N = keys.size();
-  size_t num_planes = 1;
-  while ((size_t{1} << num_planes) <= N) ++num_planes;
+  const size_t n_inst = instances_.size();
 
+  // alive: instances still holding every block so far. pres[m*W+w]: alive instances holding the
+  // current block on medium m. Runs of blocks with identical `pres` are accumulated once (flush),
+  // so the per-block cost is a few word operations whatever the number of instances.
   std::vector<uint64_t> alive(W, 0);
   for (size_t w = 0; w < W && w < filter.size(); ++w) alive[w] = filter[w];
-  // Only instances that exist.
-  const size_t n_inst = instances_.size();
   for (size_t w = 0; w < W; ++w) {
     const size_t lo = w * 64;
     if (lo >= n_inst) {
@@ -218,14 +194,43 @@ std::vector<ScoreCounts> MemoryIndex::Score(std::span<const uint64_t> keys, bool
       alive[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
     }
   }
-  std::vector<int64_t> depth(n_inst, -1);
-  std::vector<uint64_t> present_planes(M * num_planes * W, 0);
-  std::vector<uint64_t> best_planes(M * num_planes * W, 0);
+  std::vector<int64_t> depth(n_inst, 0);
+  std::vector<int64_t> present(n_inst * M, 0), best(n_inst * M, 0);
   std::vector<uint32_t> order(M);
   for (uint32_t m = 0; m < M; ++m) order[m] = m;
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return weights[a] > weights[b]; });
-  std::vector<uint64_t> held(W), remaining(W), cls(W), dead(W);
+  std::vector<uint64_t> pres(M * W, 0), prev(M * W, 0), remaining(W);
+  int64_t run = 0;
+  auto flush = [&] {
+    if (run == 0) return;
+    for (size_t w = 0; w < W; ++w) remaining[w] = 0;
+    for (size_t m = 0; m < M; ++m) {
+      for (size_t w = 0; w < W; ++w) {
+        remaining[w] |= prev[m * W + w];
+        for (uint64_t b = prev[m * W + w]; b; b &= b - 1) {
+          const size_t inst = w * 64 + static_cast<size_t>(std::countr_zero(b));
+          present[inst * M + m] += run;
+        }
+      }
+    }
+    // Every instance in some prev row held all `run` blocks.
+    for (size_t w = 0; w < W; ++w) {
+      for (uint64_t b = remaining[w]; b; b &= b - 1) {
+        depth[w * 64 + static_cast<size_t>(std::countr_zero(b))] += run;
+      }
+    }
+    for (uint32_t m : order) {
+      for (size_t w = 0; w < W; ++w) {
+        const uint64_t c = prev[m * W + w] & remaining[w];
+        remaining[w] &= ~c;
+        for (uint64_t b = c; b; b &= b - 1) {
+          best[(w * 64 + static_cast<size_t>(std::countr_zero(b))) * M + m] += run;
+        }
+      }
+    }
+    run = 0;
+  };
 
   const FlatTable<uint32_t>& table = by_engine ? by_engine_ : by_content_;
   constexpr size_t kSlotAhead = 16;
@@ -240,63 +245,40 @@ std::vector<ScoreCounts> MemoryIndex::Score(std::span<const uint64_t> keys, bool
   for (size_t i = 0; i < std::min(N, kNodeAhead); ++i) resolve(i);
   *first_block_size = 0;
 
-  auto any_alive = [&] {
-    for (uint64_t a : alive) {
-      if (a) return true;
-    }
-    return false;
-  };
-  size_t i = 0;
-  for (; i < N && any_alive(); ++i) {
+  bool any_alive = false;
+  for (uint64_t a : alive) any_alive |= a != 0;
+  for (size_t i = 0; i < N && any_alive; ++i) {
     if (i + kSlotAhead < N) table.Prefetch(keys[i + kSlotAhead]);
     if (i + kNodeAhead < N) resolve(i + kNodeAhead);
     const uint32_t node = node_of[i];
-    if (node == kNoNode) {
-      for (size_t w = 0; w < W; ++w) held[w] = 0;
-    } else {
-      if (i == 0) *first_block_size = nodes_[node].block_size;
-      std::atomic_ref<uint32_t>(const_cast<uint32_t&>(nodes_[node].last_used))
-          .store(tick, std::memory_order_relaxed);
-      for (size_t w = 0; w < W; ++w) held[w] = 0;
-      for (size_t m = 0; m < M; ++m) {
-        const uint64_t* r = Row(node, static_cast<uint32_t>(m));
-        for (size_t w = 0; w < W; ++w) held[w] |= r[w];
-      }
-    }
-    bool any_dead = false;
+    if (node == kNoNode) break;
+    if (i == 0) *first_block_size = nodes_[node].block_size;
+    const uint64_t* row = Row(node, 0);
+    any_alive = false;
+    bool same = true;
     for (size_t w = 0; w < W; ++w) {
-      dead[w] = alive[w] & ~held[w];
-      alive[w] &= held[w];
-      any_dead |= dead[w] != 0;
+      uint64_t held = 0;
+      for (size_t m = 0; m < M; ++m) held |= row[m * W + w];
+      alive[w] &= held;
+      any_alive |= alive[w] != 0;
     }
-    if (any_dead) {
+    if (!any_alive) break;
+    for (size_t m = 0; m < M; ++m) {
       for (size_t w = 0; w < W; ++w) {
-        for (uint64_t d = dead[w]; d; d &= d - 1) {
-          depth[w * 64 + static_cast<size_t>(std::countr_zero(d))] = static_cast<int64_t>(i);
-        }
+        const uint64_t p = row[m * W + w] & alive[w];
+        same &= p == prev[m * W + w];
+        pres[m * W + w] = p;
       }
     }
-    if (node == kNoNode) continue;
-    for (size_t w = 0; w < W; ++w) remaining[w] = alive[w];
-    for (uint32_t m : order) {
-      const uint64_t* r = Row(node, m);
-      bool any = false;
-      for (size_t w = 0; w < W; ++w) {
-        cls[w] = alive[w] & r[w];
-        any |= cls[w] != 0;
-      }
-      if (!any) continue;
-      AddMask(&present_planes[m * num_planes * W], W, num_planes, cls.data());
-      for (size_t w = 0; w < W; ++w) cls[w] &= remaining[w];
-      AddMask(&best_planes[m * num_planes * W], W, num_planes, cls.data());
-      for (size_t w = 0; w < W; ++w) remaining[w] &= ~cls[w];
+    if (!same) {
+      flush();
+      prev.swap(pres);
     }
+    ++run;
+    std::atomic_ref<uint32_t>(const_cast<uint32_t&>(nodes_[node].last_used))
+        .store(tick, std::memory_order_relaxed);
   }
-  for (size_t w = 0; w < W; ++w) {
-    for (uint64_t a = alive[w]; a; a &= a - 1) {
-      depth[w * 64 + static_cast<size_t>(std::countr_zero(a))] = static_cast<int64_t>(i);
-    }
-  }
+  flush();
 
   std::vector<ScoreCounts> out;
   for (uint32_t inst = 0; inst < n_inst; ++inst) {
@@ -304,15 +286,9 @@ std::vector<ScoreCounts> MemoryIndex::Score(std::span<const uint64_t> keys, bool
     if (w >= filter.size() || !(filter[w] & (uint64_t{1} << (inst % 64)))) continue;
     ScoreCounts c;
     c.instance = inst;
-    c.depth = depth[inst] < 0 ? 0 : depth[inst];
-    c.present.assign(M, 0);
-    c.best.assign(M, 0);
-    if (c.depth > 0) {
-      for (size_t m = 0; m < M; ++m) {
-        c.present[m] = ReadCount(&present_planes[m * num_planes * W], W, num_planes, inst);
-        c.best[m] = ReadCount(&best_planes[m * num_planes * W], W, num_planes, inst);
-      }
-    }
+    c.depth = depth[inst];
+    c.present.assign(present.begin() + inst * M, present.begin() + (inst + 1) * M);
+    c.best.assign(best.begin() + inst * M, best.begin() + (inst + 1) * M);
     out.push_back(std::move(c));
   }
   return out;

@@ -73,9 +73,10 @@ CREATE TABLE blocks (
   PRIMARY KEY (source_id, dp_rank, medium, group_idx, engine_hash)
 ) WITHOUT ROWID;
 
--- "Who holds engine hash X" (audit) and the content-key back-fill of compaction. Only `blocks`
--- (maintained by background compaction) carries a secondary index; the ingest table has none.
-CREATE INDEX blocks_by_engine_hash ON blocks (engine_hash);
+-- Compaction back-fills the content key of entries stored as unresolved placeholders once the
+-- block's tokens are seen; a partial index keeps that cheap (it holds only keyless entries).
+-- Only `blocks` (maintained by background compaction) has a secondary index; event_log has none.
+CREATE INDEX blocks_keyless ON blocks (engine_hash) WHERE content_key IS NULL;
 
 -- Audit views: names instead of ids, hashes in hex.
 CREATE VIEW block_entries AS
