@@ -23,3 +23,10 @@ find_library(XXHASH_LIBRARY xxhash REQUIRED)
 add_library(kvo_xxhash INTERFACE)
 target_include_directories(kvo_xxhash SYSTEM INTERFACE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(kvo_xxhash INTERFACE ${XXHASH_LIBRARY})
+
+# cpp-httplib (libcpp-httplib-dev): Debian ships it compiled (libcpp-httplib.so); its pkg-config
+# file carries the feature defines the library was built with, which every includer must match.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(CPPHTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+add_library(kvo_httplib INTERFACE)
+target_link_libraries(kvo_httplib INTERFACE PkgConfig::CPPHTTPLIB)

@@ -9,6 +9,7 @@ PACKAGES=(
   # libraries (see README "Dependencies")
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev libssl-dev libsqlite3-dev libxxhash-dev libgtest-dev libgmock-dev
+  libcpp-httplib-dev
   # Python references used by tests and benchmark baselines (Debian's /usr/bin/python3)
   python3 python3-msgpack python3-cbor2 python3-zmq
 )

@@ -15,6 +15,7 @@ void AddDemoCommand(CLI::App& app);     // kvo demo
 void AddPlanCommand(CLI::App& app);     // kvo plan
 void AddManagerCommand(CLI::App& app);  // kvo manager ops
 void AddFsCommand(CLI::App& app);       // kvo fs scan|verify|du
+void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
 
 void SetExitCode(int code);
 // Prints "kvo: <status>" to stderr and records exit code 1 (2 for invalid arguments).

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   kvo::cli::AddPlanCommand(app);
   kvo::cli::AddManagerCommand(app);
   kvo::cli::AddFsCommand(app);
+  kvo::cli::AddIndexCommands(app);
 
   CLI11_PARSE(app, argc, argv);
   return kvo::cli::g_exit_code;

@@ -1,0 +1,780 @@
+#include "indexer/service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/logging.h"
+#include "common/mutex.h"
+#include "events/zmq_subscriber.h"
+#include "indexer/doctor.h"
+
+namespace kvo {
+namespace {
+
+constexpr auto kPollSlice = std::chrono::milliseconds(100);
+
+std::vector<double> LatencyBuckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
+}
+
+// Per-source state shared by the source's streams.
+struct SourceState {
+  SourceConfig config;
+  std::unique_ptr<HashParityDoctor> doctor;
+  Mutex mu;  // serialises ApplyBatch/ClearSource of the source's streams
+  uint64_t generation GUARDED_BY(mu) = 0;
+};
+
+struct StreamMetrics {
+  Counter* batches = nullptr;
+  Counter* block_events = nullptr;
+  Counter* gaps_filled = nullptr;
+  Counter* batches_lost = nullptr;
+  Counter* restarts = nullptr;
+  Counter* clears = nullptr;
+  Counter* decode_errors = nullptr;
+  Counter* malformed = nullptr;
+  Counter* apply_errors = nullptr;
+  Counter* unknown_removals = nullptr;
+  Gauge* last_seq = nullptr;
+  Gauge* lag = nullptr;
+  Gauge* connected = nullptr;
+};
+
+struct StreamState {
+  SourceState* source = nullptr;
+  SourceStream stream;
+  StreamMetrics metrics;
+  std::thread thread;
+  mutable Mutex mu;
+  StreamStatus status GUARDED_BY(mu);
+  double last_batch_ts GUARDED_BY(mu) = 0;
+  int64_t last_activity_ns GUARDED_BY(mu) = 0;  // 0: never
+  bool rank_mismatch_logged = false;            // stream thread only
+};
+
+}  // namespace
+
+struct IndexerService::Impl {
+  IndexerConfig config;
+  ServiceOptions options;
+  Clock* clock = nullptr;
+  std::unique_ptr<Indexer> index;
+  MetricsRegistry metrics;
+  std::vector<std::unique_ptr<SourceState>> sources;
+  std::vector<std::unique_ptr<StreamState>> streams;
+  std::set<std::string, std::less<>> source_names;
+  std::unique_ptr<HttpServer> http;
+  std::atomic<bool> stopping{false};
+  Mutex stop_mu;
+  CondVar stop_cv{&stop_mu};
+  bool stopped GUARDED_BY(stop_mu) = false;
+
+  Counter* score_ok = nullptr;
+  Counter* score_bad = nullptr;
+  Counter* score_err = nullptr;
+  Histogram* score_latency = nullptr;
+  Gauge* memory_bytes = nullptr;
+  Gauge* blocks_in_memory = nullptr;
+  Gauge* entries_in_memory = nullptr;
+  Gauge* dropped_by_budget = nullptr;
+  Gauge* log_rows_pending = nullptr;
+  Gauge* sqlite_bytes = nullptr;
+
+  struct StreamFamilies {
+    CounterFamily* batches;
+    CounterFamily* block_events;
+    CounterFamily* gaps_filled;
+    CounterFamily* batches_lost;
+    CounterFamily* restarts;
+    CounterFamily* clears;
+    CounterFamily* decode_errors;
+    CounterFamily* malformed;
+    CounterFamily* apply_errors;
+    CounterFamily* unknown_removals;
+    GaugeFamily* last_seq;
+    GaugeFamily* lag;
+    GaugeFamily* connected;
+  };
+  StreamFamilies families{};
+  bool families_registered = false;
+
+  Status RegisterMetrics();
+  Status RegisterStream(StreamState* s);
+  void RunStream(StreamState* s);
+  // Waits up to `ms` unless stopping; false when stopping.
+  bool WaitFor(int64_t ms);
+  // A loss (restart, unrecoverable gap) on stream `s`: clear the source when the stream holds
+  // anything. Updates *my_generation.
+  void HandleLoss(StreamState* s, const std::string& why, uint64_t* my_generation);
+  // Applies one batch; false when the source was cleared by a sibling (resubscribe).
+  bool Apply(StreamState* s, const ReceivedBatch& b, uint64_t* my_generation);
+  HttpResponse Score(const HttpRequest& r, bool explain);
+  // Keeps the instances of `wanted` sources, adds zero entries for their streams the index has
+  // not seen, and sorts best first.
+  void KeepSources(const std::set<std::string, std::less<>>& wanted, ScoreResult* result) const;
+  std::vector<SourceStatus> Sources() const;
+  std::string RenderMetrics();
+};
+
+bool IndexerService::Impl::WaitFor(int64_t ms) {
+  MutexLock lock(&stop_mu);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!stopping.load()) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    stop_cv.WaitFor(deadline - now);
+  }
+  return !stopping.load();
+}
+
+Status IndexerService::Impl::RegisterMetrics() {
+  KVO_ASSIGN_OR_RETURN(
+      auto* score_family,
+      metrics.AddCounterFamily("kvo_indexer_score_requests",
+                               "Score and explain requests by outcome", {"outcome"}));
+  KVO_ASSIGN_OR_RETURN(score_ok, score_family->WithLabels({"ok"}));
+  KVO_ASSIGN_OR_RETURN(score_bad, score_family->WithLabels({"bad_request"}));
+  KVO_ASSIGN_OR_RETURN(score_err, score_family->WithLabels({"error"}));
+  KVO_ASSIGN_OR_RETURN(
+      score_latency,
+      metrics.AddHistogram("kvo_indexer_score_latency_seconds",
+                           "Time to score one request (parse to render)", LatencyBuckets()));
+  KVO_ASSIGN_OR_RETURN(memory_bytes, metrics.AddGauge("kvo_indexer_memory_bytes",
+                                                      "Resident bytes of the scoring structure"));
+  KVO_ASSIGN_OR_RETURN(blocks_in_memory, metrics.AddGauge("kvo_indexer_blocks_in_memory",
+                                                          "Distinct blocks held in memory"));
+  KVO_ASSIGN_OR_RETURN(entries_in_memory,
+                       metrics.AddGauge("kvo_indexer_entries_in_memory",
+                                        "(stream, medium, group, block) entries in memory"));
+  KVO_ASSIGN_OR_RETURN(dropped_by_budget,
+                       metrics.AddGauge("kvo_indexer_dropped_by_budget_blocks",
+                                        "Blocks dropped from memory by the byte budget (still "
+                                        "in SQLite), since the index was opened"));
+  KVO_ASSIGN_OR_RETURN(log_rows_pending,
+                       metrics.AddGauge("kvo_indexer_log_rows_pending",
+                                        "Event log rows not yet compacted into blocks"));
+  KVO_ASSIGN_OR_RETURN(sqlite_bytes,
+                       metrics.AddGauge("kvo_indexer_sqlite_bytes", "Size of the SQLite file"));
+  return Status::Ok();
+}
+
+Status IndexerService::Impl::RegisterStream(StreamState* s) {
+  if (!families_registered) {
+    StreamFamilies f{};
+    const std::vector<std::string> labels = {"source", "dp_rank"};
+    KVO_ASSIGN_OR_RETURN(f.batches, metrics.AddCounterFamily("kvo_indexer_batches_applied",
+                                                             "Event batches applied", labels));
+    KVO_ASSIGN_OR_RETURN(f.block_events,
+                         metrics.AddCounterFamily("kvo_indexer_block_events_applied",
+                                                  "Block hashes in applied events", labels));
+    KVO_ASSIGN_OR_RETURN(f.gaps_filled,
+                         metrics.AddCounterFamily("kvo_indexer_gaps_filled",
+                                                  "Sequence gaps filled by replay", labels));
+    KVO_ASSIGN_OR_RETURN(f.batches_lost,
+                         metrics.AddCounterFamily("kvo_indexer_batches_lost",
+                                                  "Batches replay could not supply", labels));
+    KVO_ASSIGN_OR_RETURN(f.restarts,
+                         metrics.AddCounterFamily("kvo_indexer_publisher_restarts",
+                                                  "Publisher restarts detected", labels));
+    KVO_ASSIGN_OR_RETURN(f.clears,
+                         metrics.AddCounterFamily("kvo_indexer_source_clears",
+                                                  "Sources cleared after a loss", labels));
+    KVO_ASSIGN_OR_RETURN(f.decode_errors, metrics.AddCounterFamily(
+                                              "kvo_indexer_decode_errors",
+                                              "Batches that failed to decode (skipped)", labels));
+    KVO_ASSIGN_OR_RETURN(f.malformed,
+                         metrics.AddCounterFamily("kvo_indexer_malformed_messages",
+                                                  "Malformed bus messages (dropped)", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.apply_errors,
+        metrics.AddCounterFamily("kvo_indexer_apply_errors", "Batches the index refused", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.unknown_removals,
+        metrics.AddCounterFamily("kvo_indexer_unknown_removals",
+                                 "Removals of hashes the stream did not hold", labels));
+    KVO_ASSIGN_OR_RETURN(f.last_seq, metrics.AddGaugeFamily("kvo_indexer_last_sequence",
+                                                            "Last applied sequence", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.lag, metrics.AddGaugeFamily("kvo_indexer_lag_seconds",
+                                      "Now minus the timestamp of the last applied batch", labels));
+    KVO_ASSIGN_OR_RETURN(
+        f.connected,
+        metrics.AddGaugeFamily("kvo_indexer_connected", "1 while the stream is answering", labels));
+    families = f;
+    families_registered = true;
+  }
+  StreamFamilies& f = families;
+  std::vector<std::string> v = {s->stream.source, std::to_string(s->stream.dp_rank)};
+  StreamMetrics& m = s->metrics;
+  KVO_ASSIGN_OR_RETURN(m.batches, f.batches->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.block_events, f.block_events->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.gaps_filled, f.gaps_filled->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.batches_lost, f.batches_lost->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.restarts, f.restarts->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.clears, f.clears->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.decode_errors, f.decode_errors->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.malformed, f.malformed->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.apply_errors, f.apply_errors->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.unknown_removals, f.unknown_removals->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.last_seq, f.last_seq->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.lag, f.lag->WithLabels(v));
+  KVO_ASSIGN_OR_RETURN(m.connected, f.connected->WithLabels(v));
+  return Status::Ok();
+}
+
+void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why,
+                                      uint64_t* my_generation) {
+  SourceState* src = s->source;
+  MutexLock lock(&src->mu);
+  auto last = index->LastSequence(s->stream.source, s->stream.dp_rank);
+  if (!last.ok() && last.status().code() == StatusCode::kNotFound) {
+    // The stream holds nothing (new, or its source was just cleared): nothing is stale.
+    KVO_LOG_INFO("source '{}' rank {}: {}; the stream holds nothing yet, nothing to clear",
+                 s->stream.source, s->stream.dp_rank, why);
+    *my_generation = src->generation;
+    return;
+  }
+  Status st = index->ClearSource(s->stream.source);
+  ++src->generation;
+  *my_generation = src->generation;
+  s->metrics.clears->Increment();
+  {
+    MutexLock slock(&s->mu);
+    ++s->status.source_clears;
+    s->status.has_seq = false;
+    if (!st.ok()) s->status.last_error = st.ToString();
+  }
+  if (st.ok()) {
+    KVO_LOG_WARN(
+        "source '{}' rank {}: {}: cleared the source's entries (last applied seq {}); rebuilding "
+        "from what follows",
+        s->stream.source, s->stream.dp_rank, why,
+        last.ok() ? std::to_string(*last) : last.status().ToString());
+  } else {
+    KVO_LOG_ERROR("source '{}' rank {}: {}: clearing the source failed: {}", s->stream.source,
+                  s->stream.dp_rank, why, st.ToString());
+  }
+}
+
+bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_t* my_generation) {
+  SourceState* src = s->source;
+  if (b.batch.data_parallel_rank && *b.batch.data_parallel_rank != s->stream.dp_rank &&
+      !s->rank_mismatch_logged) {
+    s->rank_mismatch_logged = true;
+    KVO_LOG_WARN(
+        "source '{}': batches on the endpoint of DP rank {} say data_parallel_rank {}; indexed "
+        "under rank {} (the endpoint's)",
+        s->stream.source, s->stream.dp_rank, *b.batch.data_parallel_rank, s->stream.dp_rank);
+  }
+  Result<ApplyOutcome> outcome = Status::Internal("not applied");
+  {
+    MutexLock lock(&src->mu);
+    if (src->generation != *my_generation) return false;
+    outcome = index->ApplyBatch(s->stream.source, s->stream.dp_rank, b.seq, b.batch);
+  }
+  if (!outcome.ok()) {
+    s->metrics.apply_errors->Increment();
+    KVO_LOG_ERROR("source '{}' rank {}: batch seq {} not applied: {}", s->stream.source,
+                  s->stream.dp_rank, b.seq, outcome.status().ToString());
+    MutexLock lock(&s->mu);
+    ++s->status.apply_errors;
+    s->status.last_error = outcome.status().ToString();
+    return true;
+  }
+  if (outcome->applied) {
+    if (src->doctor) src->doctor->Check(b.batch);  // once per batch, not per replay overlap
+    s->metrics.batches->Increment();
+    s->metrics.block_events->Increment(static_cast<double>(outcome->block_events));
+    if (outcome->unknown_removals > 0) {
+      s->metrics.unknown_removals->Increment(static_cast<double>(outcome->unknown_removals));
+    }
+  }
+  s->metrics.last_seq->Set(static_cast<double>(b.seq));
+  MutexLock lock(&s->mu);
+  if (outcome->applied) ++s->status.batches_applied;
+  s->status.has_seq = true;
+  s->status.last_seq = b.seq;
+  s->last_batch_ts = b.batch.ts;
+  s->last_activity_ns = clock->MonotonicNanos();
+  return true;
+}
+
+void IndexerService::Impl::RunStream(StreamState* s) {
+  const SourceConfig& cfg = s->source->config;
+  uint64_t my_generation;
+  {
+    MutexLock lock(&s->source->mu);
+    my_generation = s->source->generation;
+  }
+  int64_t backoff_ms = config.retry_initial_ms;
+  const int64_t start_ns = clock->MonotonicNanos();
+  int64_t next_silence_log_ns = start_ns + config.silent_after_ms * 1'000'000;
+  int64_t silence_log_step_ms = config.silent_after_ms;
+  while (!stopping.load()) {
+    SubscriberOptions o;
+    o.endpoint = s->stream.endpoint;
+    o.replay_endpoint = s->stream.replay_endpoint;
+    o.topic = cfg.topic;
+    o.bind = cfg.bind;
+    o.hwm = config.hwm;
+    o.replay_timeout_ms = config.replay_timeout_ms;
+    o.idle_probe_ms = config.idle_probe_ms;
+    auto last = index->LastSequence(s->stream.source, s->stream.dp_rank);
+    if (last.ok()) {
+      o.start_seq = *last + 1;
+    } else if (s->stream.replay_endpoint) {
+      o.start_seq = 0;  // everything the publisher still has
+    }
+    {
+      MutexLock lock(&s->mu);
+      s->status.state = "connecting";
+    }
+    auto created = Subscriber::Create(o, clock);
+    if (!created.ok()) {
+      KVO_LOG_WARN("source '{}' rank {}: cannot subscribe ({}); retrying in {} ms",
+                   s->stream.source, s->stream.dp_rank, created.status().ToString(), backoff_ms);
+      {
+        MutexLock lock(&s->mu);
+        s->status.state = "retrying";
+        ++s->status.connect_failures;
+        s->status.last_error = created.status().ToString();
+      }
+      if (!WaitFor(backoff_ms)) break;
+      backoff_ms = std::min(backoff_ms * 2, config.retry_max_ms);
+      continue;
+    }
+    backoff_ms = config.retry_initial_ms;
+    std::unique_ptr<Subscriber> sub = std::move(created).value();
+    SubscriberStats seen;  // this subscriber's stats already folded into the status
+    std::vector<SubscriberNotice> pending;  // losses that precede a later batch
+    bool resubscribe = false;
+    while (!stopping.load() && !resubscribe) {
+      auto next = sub->Next(kPollSlice);
+      if (!next.ok()) {
+        KVO_LOG_ERROR("source '{}' rank {}: subscriber failed: {}; resubscribing", s->stream.source,
+                      s->stream.dp_rank, next.status().ToString());
+        MutexLock lock(&s->mu);
+        s->status.last_error = next.status().ToString();
+        resubscribe = true;
+        break;
+      }
+      std::optional<ReceivedBatch> batch = std::move(next).value();
+      // Fold the subscriber's counters in.
+      SubscriberStats now = sub->stats();
+      bool answered =
+          now.live_received > seen.live_received || now.replayed_received > seen.replayed_received;
+      bool replay_timed_out = false;
+      for (const SubscriberNotice& n : sub->TakeNotices()) {
+        switch (n.kind) {
+          case NoticeKind::kPublisherRestart:
+            pending.clear();  // anything pending belonged to the old stream
+            HandleLoss(s, "publisher restart (" + n.detail + ")", &my_generation);
+            break;
+          case NoticeKind::kGapUnrecoverable:
+            if (n.from_seq == n.to_seq) {
+              replay_timed_out = true;  // a replay that timed out; losses follow separately
+            } else {
+              pending.push_back(n);
+            }
+            break;
+          case NoticeKind::kDecodeError:
+            KVO_LOG_ERROR("source '{}' rank {}: batch seq {} does not decode, skipped: {}",
+                          s->stream.source, s->stream.dp_rank, n.from_seq, n.detail);
+            break;
+          case NoticeKind::kMalformedMessage:
+            KVO_LOG_WARN("source '{}' rank {}: malformed message dropped: {}", s->stream.source,
+                         s->stream.dp_rank, n.detail);
+            break;
+          case NoticeKind::kGapFilled:
+            break;
+        }
+      }
+      if (now.replay_requests > seen.replay_requests && !replay_timed_out) answered = true;
+      s->metrics.gaps_filled->Increment(static_cast<double>(now.gaps_filled - seen.gaps_filled));
+      s->metrics.batches_lost->Increment(static_cast<double>(now.batches_lost - seen.batches_lost));
+      s->metrics.restarts->Increment(static_cast<double>(now.restarts - seen.restarts));
+      s->metrics.decode_errors->Increment(
+          static_cast<double>(now.decode_errors - seen.decode_errors));
+      s->metrics.malformed->Increment(
+          static_cast<double>(now.malformed_messages - seen.malformed_messages));
+      {
+        MutexLock lock(&s->mu);
+        s->status.gaps_filled += now.gaps_filled - seen.gaps_filled;
+        s->status.batches_lost += now.batches_lost - seen.batches_lost;
+        s->status.restarts_seen += now.restarts - seen.restarts;
+        s->status.decode_errors += now.decode_errors - seen.decode_errors;
+        s->status.malformed_messages += now.malformed_messages - seen.malformed_messages;
+        if (answered) s->last_activity_ns = clock->MonotonicNanos();
+      }
+      seen = now;
+      // Losses are handled in sequence order: before the first batch at or past their end.
+      for (auto it = pending.begin(); it != pending.end();) {
+        if (!batch || batch->seq >= it->to_seq) {
+          HandleLoss(s,
+                     "batches [" + std::to_string(it->from_seq) + ", " +
+                         std::to_string(it->to_seq) + ") lost (" + it->detail + ")",
+                     &my_generation);
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      {
+        MutexLock lock(&s->source->mu);
+        if (s->source->generation != my_generation) resubscribe = true;
+      }
+      if (resubscribe) {
+        KVO_LOG_INFO(
+            "source '{}' rank {}: the source was cleared by a sibling rank; "
+            "resubscribing from scratch",
+            s->stream.source, s->stream.dp_rank);
+        MutexLock lock(&s->source->mu);
+        my_generation = s->source->generation;
+        break;
+      }
+      if (batch) {
+        if (!Apply(s, *batch, &my_generation)) {
+          MutexLock lock(&s->source->mu);
+          my_generation = s->source->generation;
+          resubscribe = true;
+          break;
+        }
+      } else {
+        // Silence: report it (error log at growing intervals) while the subscriber keeps trying.
+        int64_t now_ns = clock->MonotonicNanos();
+        int64_t last_ns;
+        {
+          MutexLock lock(&s->mu);
+          last_ns = s->last_activity_ns;
+        }
+        int64_t since_ns = now_ns - (last_ns != 0 ? last_ns : start_ns);
+        if (since_ns > config.silent_after_ms * 1'000'000 && now_ns >= next_silence_log_ns) {
+          KVO_LOG_WARN("source '{}' rank {} ({}): nothing received for {} s; still trying",
+                       s->stream.source, s->stream.dp_rank, s->stream.endpoint,
+                       since_ns / 1'000'000'000);
+          MutexLock lock(&s->mu);
+          s->status.last_error = "nothing received from " + s->stream.endpoint + " for " +
+                                 std::to_string(since_ns / 1'000'000) + " ms";
+          silence_log_step_ms = std::min<int64_t>(silence_log_step_ms * 2, 3'600'000);
+          next_silence_log_ns = now_ns + silence_log_step_ms * 1'000'000;
+        }
+      }
+    }
+  }
+}
+
+void IndexerService::Impl::KeepSources(const std::set<std::string, std::less<>>& wanted,
+                                       ScoreResult* result) const {
+  std::erase_if(result->instances,
+                [&](const InstanceScore& i) { return !wanted.contains(i.source); });
+  std::set<std::pair<std::string, int64_t>> present;
+  for (const InstanceScore& i : result->instances) present.insert({i.source, i.dp_rank});
+  for (const auto& st : streams) {
+    if (!wanted.contains(st->stream.source) ||
+        present.contains({st->stream.source, st->stream.dp_rank})) {
+      continue;
+    }
+    InstanceScore zero;
+    zero.source = st->stream.source;
+    zero.dp_rank = st->stream.dp_rank;
+    result->instances.push_back(std::move(zero));
+  }
+  std::stable_sort(result->instances.begin(), result->instances.end(),
+                   [](const InstanceScore& a, const InstanceScore& b) {
+                     if (a.score != b.score) return a.score > b.score;
+                     if (a.prefix_blocks != b.prefix_blocks) {
+                       return a.prefix_blocks > b.prefix_blocks;
+                     }
+                     if (a.source != b.source) return a.source < b.source;
+                     return a.dp_rank < b.dp_rank;
+                   });
+}
+
+HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
+  const int64_t start = clock->MonotonicNanos();
+  ScoreRequestLimits limits;
+  limits.max_query_tokens = config.max_query_tokens;
+  auto query = ParseScoreRequest(r.body, limits, source_names);
+  if (!query.ok()) {
+    score_bad->Increment();
+    return HttpResponse{400, "application/json", RenderError(query.status().message())};
+  }
+  // Score every stream the index knows and keep the asked-for (default: configured) sources,
+  // adding a zero entry for a configured stream that has published nothing yet: the index only
+  // knows streams it has seen, the router wants one answer per configured instance.
+  std::set<std::string, std::less<>> wanted(query->sources.begin(), query->sources.end());
+  if (wanted.empty()) wanted = source_names;
+  query->sources.clear();
+  if (!query->block_size && !query->token_ids.empty()) {
+    query->block_size = config.default_block_size;
+  }
+  HttpResponse out;
+  if (explain) {
+    auto result = index->Explain(*query);
+    if (!result.ok()) {
+      bool bad = result.status().code() == StatusCode::kInvalidArgument;
+      (bad ? score_bad : score_err)->Increment();
+      return HttpResponse{bad ? 400 : 500, "application/json",
+                          RenderError(result.status().message())};
+    }
+    int64_t tokens = query->token_ids.empty()
+                         ? result->score.query_blocks * result->score.block_size
+                         : static_cast<int64_t>(query->token_ids.size());
+    KeepSources(wanted, &result->score);
+    std::erase_if(result->instances,
+                  [&](const ExplainInstance& i) { return !wanted.contains(i.source); });
+    out.body = RenderExplainResponse(*result, tokens);
+  } else {
+    auto result = index->Score(*query);
+    if (!result.ok()) {
+      bool bad = result.status().code() == StatusCode::kInvalidArgument;
+      (bad ? score_bad : score_err)->Increment();
+      return HttpResponse{bad ? 400 : 500, "application/json",
+                          RenderError(result.status().message())};
+    }
+    int64_t tokens = query->token_ids.empty() ? result->query_blocks * result->block_size
+                                              : static_cast<int64_t>(query->token_ids.size());
+    KeepSources(wanted, &*result);
+    out.body = RenderScoreResponse(*result, tokens);
+  }
+  score_ok->Increment();
+  score_latency->Observe(static_cast<double>(clock->MonotonicNanos() - start) / 1e9);
+  return out;
+}
+
+std::vector<SourceStatus> IndexerService::Impl::Sources() const {
+  IndexerStats stats = index->Stats();
+  std::map<std::pair<std::string, int64_t>, const StreamStats*> durable;
+  for (const StreamStats& st : stats.streams) durable[{st.source, st.dp_rank}] = &st;
+  const double now_s = clock->NowSeconds();
+  const int64_t now_ns = clock->MonotonicNanos();
+  std::vector<SourceStatus> out;
+  for (const auto& src : sources) {
+    SourceStatus ss;
+    ss.name = src->config.name;
+    ss.endpoint = src->config.endpoint;
+    ss.replay_endpoint = src->config.replay_endpoint.value_or("");
+    ss.topic = src->config.topic;
+    ss.connected = true;
+    if (src->doctor) ss.parity = src->doctor->report();
+    if (src->config.hash) {
+      ss.hash_algo = HashAlgoName(src->config.hash->algo);
+      ss.hash_seed = src->config.hash->seed;
+      ss.hash_block_size = src->config.hash->block_size;
+    }
+    for (const auto& st : streams) {
+      if (st->source != src.get()) continue;
+      StreamStatus status;
+      double ts;
+      int64_t activity;
+      {
+        MutexLock lock(&st->mu);
+        status = st->status;
+        ts = st->last_batch_ts;
+        activity = st->last_activity_ns;
+      }
+      status.dp_rank = st->stream.dp_rank;
+      status.endpoint = st->stream.endpoint;
+      status.replay_endpoint = st->stream.replay_endpoint.value_or("");
+      auto it = durable.find({st->stream.source, st->stream.dp_rank});
+      if (it != durable.end() && it->second->has_seq) {
+        status.has_seq = true;
+        status.last_seq = it->second->last_seq;
+        status.durable_seq = it->second->durable_seq;
+        if (ts == 0) ts = it->second->last_event_ts;
+      } else {
+        status.has_seq = false;
+      }
+      status.lag_seconds = ts > 0 ? std::max(0.0, now_s - ts) : 0.0;
+      bool recent = activity != 0 && now_ns - activity <= config.silent_after_ms * 1'000'000;
+      status.connected = recent;
+      if (status.state != "retrying") {
+        status.state = recent ? "following" : (activity != 0 ? "silent" : "connecting");
+      }
+      st->metrics.connected->Set(recent ? 1 : 0);
+      st->metrics.lag->Set(status.lag_seconds);
+      ss.connected = ss.connected && recent;
+      ss.streams.push_back(std::move(status));
+    }
+    out.push_back(std::move(ss));
+  }
+  return out;
+}
+
+std::string IndexerService::Impl::RenderMetrics() {
+  IndexerStats stats = index->Stats();
+  memory_bytes->Set(static_cast<double>(stats.memory_bytes));
+  blocks_in_memory->Set(static_cast<double>(stats.blocks_in_memory));
+  entries_in_memory->Set(static_cast<double>(stats.entries_in_memory));
+  dropped_by_budget->Set(static_cast<double>(stats.counters.dropped_by_budget));
+  log_rows_pending->Set(static_cast<double>(stats.log_rows_pending));
+  sqlite_bytes->Set(static_cast<double>(stats.sqlite_bytes));
+  (void)Sources();  // refreshes the connected and lag gauges
+  return metrics.RenderPrometheus();
+}
+
+IndexerService::IndexerService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+IndexerService::~IndexerService() { Stop(); }
+
+Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfig& config,
+                                                              const ServiceOptions& options) {
+  if (config.db.empty()) return Status::InvalidArgument("indexer: no database file (--db)");
+  KVO_RETURN_IF_ERROR(ValidateSources(config.sources));
+  if (config.sources.empty()) {
+    return Status::InvalidArgument("indexer: no sources (--source or \"sources\" in --config)");
+  }
+  HttpAddress address;
+  if (options.start_http) {
+    KVO_ASSIGN_OR_RETURN(address, ParseHttpAddress(config.http));
+    if (!IsLoopbackHost(address.host)) {
+      if (!options.allow_remote_http) {
+        return Status::InvalidArgument(
+            "indexer: HTTP address '" + config.http +
+            "' is beyond loopback; pass --allow-remote to serve it (the API has no "
+            "authentication)");
+      }
+      KVO_LOG_WARN("indexer: the HTTP API listens on {} beyond loopback, without authentication",
+                   config.http);
+    }
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->options = options;
+  impl->clock = options.clock != nullptr ? options.clock : SystemClock();
+  IndexerOptions io = options.index;
+  io.clock = impl->clock;
+  io.default_block_size = config.default_block_size;
+  KVO_ASSIGN_OR_RETURN(impl->index, Indexer::Open(config.db, io));
+  KVO_RETURN_IF_ERROR(impl->RegisterMetrics());
+  CounterFamily* checked = nullptr;
+  CounterFamily* mismatched = nullptr;
+  GaugeFamily* parity = nullptr;
+  KVO_ASSIGN_OR_RETURN(checked, impl->metrics.AddCounterFamily(
+                                    "kvo_indexer_hash_parity_checked_blocks",
+                                    "Blocks whose hash the doctor recomputed", {"source"}));
+  KVO_ASSIGN_OR_RETURN(mismatched,
+                       impl->metrics.AddCounterFamily(
+                           "kvo_indexer_hash_parity_mismatched_blocks",
+                           "Blocks whose engine hash differs from the recomputed one", {"source"}));
+  KVO_ASSIGN_OR_RETURN(parity, impl->metrics.AddGaugeFamily(
+                                   "kvo_indexer_hash_parity_mismatch",
+                                   "1 when the source's hashes disagree with the configured "
+                                   "algorithm, seed and block size",
+                                   {"source"}));
+  for (const SourceConfig& sc : config.sources) {
+    auto src = std::make_unique<SourceState>();
+    src->config = sc;
+    src->doctor = std::make_unique<HashParityDoctor>(sc.name, sc.hash);
+    KVO_ASSIGN_OR_RETURN(Counter * c, checked->WithLabels({sc.name}));
+    KVO_ASSIGN_OR_RETURN(Counter * m, mismatched->WithLabels({sc.name}));
+    KVO_ASSIGN_OR_RETURN(Gauge * g, parity->WithLabels({sc.name}));
+    src->doctor->SetMetrics(c, m, g);
+    impl->source_names.insert(sc.name);
+    KVO_ASSIGN_OR_RETURN(std::vector<SourceStream> streams, ExpandStreams(sc));
+    for (SourceStream& stream : streams) {
+      auto st = std::make_unique<StreamState>();
+      st->source = src.get();
+      st->stream = std::move(stream);
+      KVO_RETURN_IF_ERROR(impl->RegisterStream(st.get()));
+      {
+        MutexLock lock(&st->mu);
+        st->status.state = "connecting";
+      }
+      impl->streams.push_back(std::move(st));
+    }
+    impl->sources.push_back(std::move(src));
+  }
+  for (const StreamStats& st : impl->index->Stats().streams) {
+    if (!impl->source_names.contains(st.source)) {
+      KVO_LOG_WARN(
+          "indexer: '{}' holds entries of source '{}' rank {}, which is not configured: kept in "
+          "the file but left out of scores",
+          config.db, st.source, st.dp_rank);
+    }
+  }
+  Impl* raw = impl.get();
+  for (auto& st : impl->streams) {
+    StreamState* s = st.get();
+    s->thread = std::thread([raw, s] { raw->RunStream(s); });
+  }
+  auto service = std::unique_ptr<IndexerService>(new IndexerService(std::move(impl)));
+  if (options.start_http) {
+    HttpServerOptions ho;
+    ho.address = address;
+    IndexerService* svc = service.get();
+    auto http = HttpServer::Start(ho, [svc](const HttpRequest& r) { return svc->Handle(r); });
+    if (!http.ok()) {
+      service->Stop();
+      return http.status();
+    }
+    service->impl_->http = std::move(http).value();
+  }
+  return service;
+}
+
+void IndexerService::Stop() {
+  if (!impl_) return;
+  {
+    MutexLock lock(&impl_->stop_mu);
+    if (impl_->stopped) return;
+    impl_->stopped = true;
+    impl_->stopping = true;
+  }
+  impl_->stop_cv.SignalAll();
+  if (impl_->http) impl_->http->Stop();
+  for (auto& st : impl_->streams) {
+    if (st->thread.joinable()) st->thread.join();
+  }
+  Status st = impl_->index->Flush();
+  if (!st.ok()) KVO_LOG_ERROR("indexer: final flush failed: {}", st.ToString());
+}
+
+int IndexerService::http_port() const { return impl_->http ? impl_->http->port() : 0; }
+
+HttpResponse IndexerService::Handle(const HttpRequest& r) {
+  auto method_not_allowed = [&](const char* allowed) {
+    return HttpResponse{405, "application/json",
+                        RenderError(r.method + " " + r.path + ": use " + allowed)};
+  };
+  if (r.path == "/v1/score" || r.path == "/v1/explain") {
+    if (r.method != "POST") return method_not_allowed("POST");
+    return impl_->Score(r, r.path == "/v1/explain");
+  }
+  if (r.path == "/v1/sources") {
+    if (r.method != "GET") return method_not_allowed("GET");
+    return HttpResponse{200, "application/json", RenderSources(impl_->Sources())};
+  }
+  if (r.path == "/metrics") {
+    if (r.method != "GET") return method_not_allowed("GET");
+    return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", impl_->RenderMetrics()};
+  }
+  if (r.path == "/healthz") {
+    if (r.method != "GET") return method_not_allowed("GET");
+    size_t connected = 0;
+    std::vector<SourceStatus> sources = impl_->Sources();
+    size_t streams = 0;
+    for (const SourceStatus& s : sources) {
+      for (const StreamStatus& st : s.streams) {
+        ++streams;
+        connected += st.connected ? 1 : 0;
+      }
+    }
+    return HttpResponse{200, "application/json",
+                        "{\"status\":\"ok\",\"sources\":" + std::to_string(sources.size()) +
+                            ",\"streams\":" + std::to_string(streams) +
+                            ",\"streams_connected\":" + std::to_string(connected) + "}"};
+  }
+  return HttpResponse{404, "application/json", RenderError("no such path: " + r.path)};
+}
+
+std::vector<SourceStatus> IndexerService::Sources() const { return impl_->Sources(); }
+Indexer& IndexerService::index() { return *impl_->index; }
+MetricsRegistry& IndexerService::metrics() { return impl_->metrics; }
+
+}  // namespace kvo

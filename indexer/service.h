@@ -1,0 +1,74 @@
+// The indexer daemon (`kvo index serve`): one subscriber thread per source stream (source x DP
+// rank) applying batches to the Indexer in sequence order, a hash parity doctor per source, and
+// the HTTP API (/v1/score, /v1/explain, /v1/sources, /metrics, /healthz).
+//
+// Per stream:
+//   connecting --Create ok--> following <--batches/replay answers--> silent (nothing for
+//   silent_after_ms: reported, the subscriber keeps probing)
+//   connecting --Create fails--> retrying (exponential backoff) --> connecting
+// The subscriber starts at LastSequence(source, rank) + 1 (the durable checkpoint), or replays
+// everything the publisher still has for a stream the index does not know.
+//
+// Losses: a publisher restart, or batches that replay could not supply (replay window exceeded,
+// no replay endpoint), make the stream's entries stale: the source is cleared (ClearSource) and
+// rebuilt from what follows. Clearing a source clears all its ranks, so the sibling streams of a
+// multi-rank source resubscribe from scratch (a per-source generation counter tells them); a
+// stream that holds nothing (no checkpoint) never clears. Malformed messages and batches that do
+// not decode are counted, logged with the source name and skipped; the source is kept.
+//
+// Locking: each source has a mutex serialising its streams' ApplyBatch/ClearSource with the
+// generation check (so a sibling never applies a batch into a source cleared under it); each
+// stream's status has its own mutex; HTTP handlers read statuses and call the Indexer's
+// thread-safe readers. Lock order: source mutex, then stream status mutex.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/metrics.h"
+#include "common/result.h"
+#include "indexer/http_api.h"
+#include "indexer/http_server.h"
+#include "indexer/indexer.h"
+#include "indexer/sources_config.h"
+
+namespace kvo {
+
+struct ServiceOptions {
+  IndexerOptions index;            // the database path comes from IndexerConfig::db
+  Clock* clock = nullptr;          // SystemClock() when null
+  bool start_http = true;          // off: use Handle() directly (tests)
+  bool allow_remote_http = false;  // listening beyond loopback needs this (and warns)
+};
+
+class IndexerService {
+ public:
+  // Opens the index (refusing a corrupt or foreign file), starts one thread per stream and the
+  // HTTP server; returns once the server listens.
+  static Result<std::unique_ptr<IndexerService>> Start(const IndexerConfig& config,
+                                                       const ServiceOptions& options = {});
+  ~IndexerService();
+  IndexerService(const IndexerService&) = delete;
+  IndexerService& operator=(const IndexerService&) = delete;
+
+  // Stops the HTTP server and the stream threads, then flushes the index (checkpoint durable).
+  // Idempotent.
+  void Stop();
+
+  int http_port() const;  // 0 without HTTP
+  // Serves one request (what the HTTP server calls).
+  HttpResponse Handle(const HttpRequest& request);
+
+  std::vector<SourceStatus> Sources() const;
+  Indexer& index();
+  MetricsRegistry& metrics();
+
+ private:
+  struct Impl;
+  explicit IndexerService(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvo

@@ -1,0 +1,94 @@
+// The indexer daemon's configuration: which publishers (sources) to follow, how to reach each DP
+// rank, the hash settings the parity doctor checks against, and the HTTP listener. Parsed from the
+// `--config indexer.json` file or from repeated `--source NAME=ENDPOINT[,key=value...]` flags.
+// Plain values and pure functions; thread-compatible.
+//
+// A source is one engine publisher (a vLLM engine or a kvo publisher). An engine with several
+// data-parallel ranks publishes one stream per rank on offset ports (vLLM's offset_endpoint_port):
+// `dp_ranks` ranks starting at `dp_rank_start`, each endpoint offset by its rank. A stream is
+// therefore identified by (source name, DP rank) and has its own sequence numbers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "events/block_hash.h"
+
+namespace kvo {
+
+// What the engine hashes with (vllm-compat.md A.7): --prefix-caching-hash-algo, PYTHONHASHSEED
+// and the hash block size. The doctor recomputes self-describing events' hashes with these.
+struct HashParityConfig {
+  HashAlgo algo = HashAlgo::kSha256;
+  std::string seed = "0";  // PYTHONHASHSEED (a string: NONE_HASH = hash_fn(seed))
+  int64_t block_size = 16;
+};
+
+struct SourceConfig {
+  std::string name;  // [A-Za-z0-9_.:@-]{1,128}
+  std::string endpoint;
+  std::optional<std::string> replay_endpoint;
+  std::string topic;
+  int64_t dp_ranks = 1;       // number of DP ranks this source publishes
+  int64_t dp_rank_start = 0;  // the first rank (vLLM's data_parallel_index), ports offset by it
+  bool bind = false;          // bind the SUB socket (for publishers that connect)
+  std::optional<HashParityConfig> hash;
+};
+
+// One subscribed stream: a source's DP rank with its resolved endpoints.
+struct SourceStream {
+  std::string source;
+  int64_t dp_rank = 0;
+  std::string endpoint;
+  std::optional<std::string> replay_endpoint;
+};
+
+struct IndexerConfig {
+  std::string db;                       // SQLite file
+  std::string http = "127.0.0.1:8080";  // host:port of the HTTP API (port 0: any free port)
+  int64_t max_query_tokens = 1 << 20;   // a larger /v1/score request is a 400
+  int64_t default_block_size = 16;      // /v1/score with token_ids and no block_size
+  // Subscriber tuning (events/zmq_subscriber.h).
+  int64_t replay_timeout_ms = 2'000;
+  int64_t idle_probe_ms = 1'000;
+  int64_t hwm = 100'000;
+  // A stream whose subscriber cannot be created (bad endpoint, bind refused) is retried with
+  // exponential backoff between these bounds.
+  int64_t retry_initial_ms = 100;
+  int64_t retry_max_ms = 5'000;
+  // A stream with nothing delivered for this long after start is reported "not answering".
+  int64_t silent_after_ms = 10'000;
+  std::vector<SourceConfig> sources;
+};
+
+// Parses the JSON config file text (`origin` names it in errors). Unknown keys, wrong types,
+// duplicate source names and invalid endpoints are InvalidArgument naming the key and value.
+Result<IndexerConfig> ParseIndexerConfig(std::string_view json_text, std::string_view origin);
+
+// Parses one `--source` flag: NAME=ENDPOINT[,replay=EP][,topic=T][,dp_ranks=N][,dp_rank_start=K]
+// [,bind=true|false][,hash_algo=sha256|sha256_cbor][,hash_seed=S][,block_size=B]. Any hash_* or
+// block_size key enables the parity doctor for that source (defaults: sha256, seed "0", 16).
+Result<SourceConfig> ParseSourceFlag(std::string_view flag);
+
+// Checks one source: name, endpoints (tcp://, ipc://, inproc://), rank counts, DP offsets.
+Status ValidateSource(const SourceConfig& source);
+// Checks the whole list: each source, then unique names and no endpoint used twice.
+Status ValidateSources(const std::vector<SourceConfig>& sources);
+
+// The source's streams, one per DP rank, with vLLM's port offsets applied.
+Result<std::vector<SourceStream>> ExpandStreams(const SourceConfig& source);
+
+struct HttpAddress {
+  std::string host;
+  int port = 0;
+};
+// "HOST:PORT" (IPv6 as "[::1]:PORT"); port 0..65535. InvalidArgument naming the text.
+Result<HttpAddress> ParseHttpAddress(std::string_view text);
+// 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackHost(std::string_view host);
+
+}  // namespace kvo

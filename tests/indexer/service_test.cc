@@ -1,0 +1,307 @@
+// The daemon in-process: DP-rank restarts, malformed messages, silent and unbindable sources,
+// the HTTP routes. Real sockets (inproc/ipc/tcp) and a real SQLite file; synchronisation by
+// polling the service's own status with a deadline.
+#include "indexer/service.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "events/codec.h"
+#include "events/zmq_publisher.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+using Json = nlohmann::json;
+using namespace std::chrono_literals;
+
+EventBatch Store(uint64_t hash, int64_t rank, const char* medium = kMediumGpu) {
+  BlockStored s;
+  s.block_hashes = {BlockHash::Uint(hash)};
+  s.token_ids = {1, 2, 3, 4};
+  s.block_size = 4;
+  s.medium = medium;
+  s.group_idx = 0;
+  return EventBatch{1700000000.0, {s}, rank};
+}
+
+// Polls `cond` until it holds or 30 s pass (a failure guard, not a synchronisation sleep).
+bool Eventually(const std::function<bool()>& cond) {
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+const StreamStatus* Stream(const std::vector<SourceStatus>& all, const std::string& source,
+                           int64_t rank) {
+  for (const SourceStatus& s : all) {
+    if (s.name != source) continue;
+    for (const StreamStatus& st : s.streams) {
+      if (st.dp_rank == rank) return &st;
+    }
+  }
+  return nullptr;
+}
+
+bool AtSeq(IndexerService& svc, const std::string& source, int64_t rank, uint64_t seq) {
+  auto all = svc.Sources();
+  const StreamStatus* st = Stream(all, source, rank);
+  return st != nullptr && st->has_seq && st->last_seq == seq;
+}
+
+int64_t PrefixOf(IndexerService& svc, const std::string& source, int64_t rank, uint64_t hash) {
+  ScoreQuery q;
+  q.block_hashes = {hash};
+  auto r = svc.index().Score(q);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return -1;
+  for (const InstanceScore& s : r->instances) {
+    if (s.source == source && s.dp_rank == rank) return s.prefix_blocks;
+  }
+  return 0;
+}
+
+// Two consecutive free TCP ports on 127.0.0.1 (a two-rank source), found by binding.
+int FreePortPair() {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    bool got = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+               ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    ::close(fd);
+    int port = ntohs(a.sin_port);
+    if (!got || port >= 65000) continue;
+    int fd2 = ::socket(AF_INET, SOCK_STREAM, 0);
+    a.sin_port = htons(static_cast<uint16_t>(port + 1));
+    bool ok = ::bind(fd2, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd2);
+    if (ok) return port;
+  }
+  ADD_FAILURE() << "no free port pair";
+  return 0;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  IndexerConfig Config() {
+    IndexerConfig c;
+    c.db = dir_.path() + "/index.sqlite";
+    c.http = "127.0.0.1:0";
+    c.idle_probe_ms = 100;
+    c.replay_timeout_ms = 500;
+    c.retry_initial_ms = 20;
+    c.retry_max_ms = 200;
+    c.silent_after_ms = 300;
+    return c;
+  }
+  testing::TempDir dir_;
+};
+
+// A restart of one DP rank clears the source (ClearSource is per source); the sibling rank
+// resubscribes from scratch and rebuilds its entries from its publisher's replay buffer.
+TEST_F(ServiceTest, OneRankRestartClearsTheSourceAndTheSiblingRebuilds) {
+  // TCP: offset ports per rank, and a restarted rank can bind its port again at once.
+  int port = FreePortPair();
+  int replay_port = FreePortPair();
+  KvEventsConfig pc;
+  pc.enable_kv_cache_events = true;
+  pc.publisher = "zmq";
+  pc.endpoint = "tcp://*:" + std::to_string(port);
+  pc.replay_endpoint = "tcp://*:" + std::to_string(replay_port);
+  auto r0 = CreateEventPublisher(pc, 0);
+  auto r1 = CreateEventPublisher(pc, 1);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  for (uint64_t i = 0; i < 30; ++i) {
+    ASSERT_TRUE((*r0)->Publish(Store(1000 + i, 0)).ok());
+    ASSERT_TRUE((*r1)->Publish(Store(2000 + i, 1)).ok());
+  }
+  (*r0)->Flush();
+  (*r1)->Flush();
+  IndexerConfig c = Config();
+  SourceConfig s;
+  s.name = "dp";
+  s.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  s.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(replay_port);
+  s.dp_ranks = 2;
+  c.sources = {s};
+  auto svc = IndexerService::Start(c);
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  IndexerService& service = **svc;
+  ASSERT_TRUE(
+      Eventually([&] { return AtSeq(service, "dp", 0, 29) && AtSeq(service, "dp", 1, 29); }));
+  EXPECT_EQ(PrefixOf(service, "dp", 0, 1005), 1);
+  EXPECT_EQ(PrefixOf(service, "dp", 1, 2005), 1);
+
+  (*r1)->Shutdown();
+  // Rank 1 restarts: sequence back to 0, nothing held. ZeroMQ releases the port asynchronously.
+  ASSERT_TRUE(Eventually([&] {
+    r1 = CreateEventPublisher(pc, 1);
+    return r1.ok();
+  })) << r1.status().ToString();
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE((*r1)->Publish(Store(3000 + i, 1)).ok());
+  (*r1)->Flush();
+  ASSERT_TRUE(Eventually([&] {
+    auto all = service.Sources();
+    const StreamStatus* st1 = Stream(all, "dp", 1);
+    return AtSeq(service, "dp", 1, 4) && AtSeq(service, "dp", 0, 29) && st1 != nullptr &&
+           st1->source_clears >= 1 && PrefixOf(service, "dp", 0, 1005) == 1;
+  }));
+  EXPECT_EQ(PrefixOf(service, "dp", 1, 2005), 0);  // the old rank-1 state is gone
+  EXPECT_EQ(PrefixOf(service, "dp", 1, 3004), 1);
+  EXPECT_EQ(PrefixOf(service, "dp", 0, 1029), 1);  // rank 0 rebuilt from its replay
+  service.Stop();
+  (*r0)->Shutdown();
+  (*r1)->Shutdown();
+}
+
+// Frames that are not a batch are counted and skipped; the source keeps going. An XPUB socket
+// tells the test when the daemon's SUB has subscribed, so nothing is sent into the void.
+TEST_F(ServiceTest, MalformedMessagesAreCountedAndTheSourceKept) {
+  zmq::context_t ctx;
+  zmq::socket_t xpub(ctx, zmq::socket_type::xpub);
+  xpub.set(zmq::sockopt::linger, 0);
+  std::string ep = "ipc://" + dir_.path() + "/raw.pub";
+  xpub.bind(ep);
+  IndexerConfig c = Config();
+  SourceConfig s;
+  s.name = "raw";
+  s.endpoint = ep;
+  c.sources = {s};
+  auto svc = IndexerService::Start(c);
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  zmq::message_t sub;
+  xpub.set(zmq::sockopt::rcvtimeo, 30000);
+  ASSERT_TRUE(xpub.recv(sub));  // the subscription: the daemon is connected
+  auto send = [&](std::vector<std::string> frames) {
+    for (size_t i = 0; i < frames.size(); ++i) {
+      xpub.send(zmq::buffer(frames[i]),
+                i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  };
+  auto seq = [](uint64_t v) {
+    std::string b(8, '\0');
+    for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (56 - 8 * i));
+    return b;
+  };
+  send({"", seq(0), EncodeBatch(Store(7, 0))});
+  send({"", seq(1), "\x93\xc1 not msgpack"});  // undecodable payload
+  send({"", "short"});                         // wrong frame count
+  send({"", seq(2), EncodeBatch(Store(8, 0))});
+  ASSERT_TRUE(Eventually([&] { return AtSeq(**svc, "raw", 0, 2); }));
+  auto all = (*svc)->Sources();
+  const StreamStatus* st = Stream(all, "raw", 0);
+  ASSERT_NE(st, nullptr);
+  EXPECT_EQ(st->decode_errors, 1u);
+  EXPECT_EQ(st->malformed_messages, 1u);
+  EXPECT_EQ(st->batches_applied, 2u);
+  EXPECT_EQ(PrefixOf(**svc, "raw", 0, 8), 1);
+  std::string metrics = (*svc)->Handle({"GET", "/metrics", ""}).body;
+  EXPECT_NE(metrics.find("kvo_indexer_decode_errors_total{source=\"raw\",dp_rank=\"0\"} 1.0"),
+            std::string::npos)
+      << metrics;
+}
+
+// A publisher that never answers is reported (not connected, with the reason), and a SUB that
+// cannot bind is retried with backoff until it can.
+TEST_F(ServiceTest, SilentAndUnbindableSourcesAreReportedAndRetried) {
+  // A TCP port held by someone else: bind=true sources cannot take it.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  int port = ntohs(a.sin_port);
+
+  IndexerConfig c = Config();
+  SourceConfig silent;
+  silent.name = "silent";
+  silent.endpoint = "ipc://" + dir_.path() + "/nobody.pub";
+  silent.replay_endpoint = "ipc://" + dir_.path() + "/nobody.replay";
+  SourceConfig busy;
+  busy.name = "busy";
+  busy.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  busy.bind = true;
+  c.sources = {silent, busy};
+  auto svc = IndexerService::Start(c);
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  ASSERT_TRUE(Eventually([&] {
+    auto all = (*svc)->Sources();
+    const StreamStatus* b = Stream(all, "busy", 0);
+    const StreamStatus* q = Stream(all, "silent", 0);
+    return b && q && b->state == "retrying" && b->connect_failures >= 3 &&
+           q->last_error.find("nothing received") != std::string::npos;
+  }));
+  auto all = (*svc)->Sources();
+  EXPECT_FALSE(Stream(all, "silent", 0)->connected);
+  EXPECT_FALSE(all[0].connected);
+  HttpResponse sources = (*svc)->Handle({"GET", "/v1/sources", ""});
+  Json j = Json::parse(sources.body);
+  EXPECT_EQ(j["sources"][1]["streams"][0]["state"], "retrying");
+  EXPECT_NE(
+      j["sources"][1]["streams"][0]["last_error"].get<std::string>().find(std::to_string(port)),
+      std::string::npos)
+      << sources.body;
+  ::close(fd);  // the port is free: the retry succeeds
+  ASSERT_TRUE(Eventually([&] {
+    auto now = (*svc)->Sources();
+    return Stream(now, "busy", 0)->state != "retrying";
+  }));
+}
+
+TEST_F(ServiceTest, HttpRoutes) {
+  IndexerConfig c = Config();
+  SourceConfig s;
+  s.name = "a";
+  s.endpoint = "ipc://" + dir_.path() + "/a.pub";
+  c.sources = {s};
+  auto svc = IndexerService::Start(c);
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  ASSERT_GT((*svc)->http_port(), 0);
+  HttpAddress addr{"127.0.0.1", (*svc)->http_port()};
+  auto health = HttpCall(addr, "GET", "/healthz", "", 5000);
+  ASSERT_TRUE(health.ok()) << health.status().ToString();
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(Json::parse(health->body)["status"], "ok");
+  auto score = HttpCall(addr, "POST", "/v1/score", R"({"token_ids": [1, 2, 3, 4]})", 5000);
+  ASSERT_TRUE(score.ok());
+  EXPECT_EQ(score->status, 200) << score->body;
+  Json answer = Json::parse(score->body);
+  EXPECT_EQ(answer["block_size"], 16);
+  ASSERT_EQ(answer["instances"].size(), 1u);  // configured, nothing published yet: a zero entry
+  EXPECT_EQ(answer["instances"][0]["source"], "a");
+  EXPECT_EQ(answer["instances"][0]["prefix_blocks"], 0);
+  auto bad = HttpCall(addr, "POST", "/v1/score", R"({"token_ids": "x"})", 5000);
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(Json::parse(bad->body)["error"].get<std::string>().find("token_ids"),
+            std::string::npos);
+  auto missing = HttpCall(addr, "GET", "/nope", "", 5000);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->status, 404);
+  (*svc)->Stop();
+  (*svc)->Stop();  // idempotent
+}
+
+}  // namespace
+}  // namespace kvo
