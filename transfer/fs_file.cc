@@ -302,6 +302,8 @@ Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, voi
     return Errno("open", name, errno);
   }
   Fd file(fd);
+  // Buffered: the whole file is wanted at once; a larger readahead window saves round trips.
+  if (!direct) ::posix_fadvise(file.get(), 0, static_cast<off_t>(n), POSIX_FADV_SEQUENTIAL);
   struct stat st {};
   if (::fstat(file.get(), &st) != 0) return Errno("stat", name, errno);
   auto corrupt = [&](std::string why) {
