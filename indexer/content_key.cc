@@ -9,10 +9,6 @@
 namespace kvo {
 namespace {
 
-inline void PutLe64(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-
 // 0 means "no content key" everywhere in the index; a real key of 0 is mapped to 1.
 inline uint64_t NonZero(uint64_t k) { return k == 0 ? 1 : k; }
 
@@ -38,9 +34,11 @@ uint64_t ContentKey(uint64_t parent, std::span<const int64_t> block_tokens) {
     std::memcpy(p, &parent, 8);
     if (!block_tokens.empty()) std::memcpy(p + 8, block_tokens.data(), 8 * block_tokens.size());
   } else {
-    PutLe64(p, parent);
+    uint64_t v = __builtin_bswap64(parent);
+    std::memcpy(p, &v, 8);
     for (size_t i = 0; i < block_tokens.size(); ++i) {
-      PutLe64(p + 8 + 8 * i, static_cast<uint64_t>(block_tokens[i]));
+      v = __builtin_bswap64(static_cast<uint64_t>(block_tokens[i]));
+      std::memcpy(p + 8 + 8 * i, &v, 8);
     }
   }
   return NonZero(XXH3_64bits(p, n));

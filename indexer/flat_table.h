@@ -1,5 +1,5 @@
 // FlatTable<V>: an open-addressing hash table from uint64_t keys to a small trivially copyable V
-// (linear probing, 16-byte slots for V <= 8 bytes, backward-shift deletion, load <= 0.7).
+// (linear probing, 16-byte slots for V <= 8 bytes, backward-shift deletion, load <= 0.8).
 // Built for the scoring walk: Find() touches one or two cache lines, Prefetch() lets the caller
 // overlap the DRAM misses of upcoming keys. Internal to kvo_indexer. Thread-compatible.
 #pragma once
@@ -39,7 +39,7 @@ class FlatTable {
       special_ = value;
       return &special_;
     }
-    if ((size_ + 1) * 10 > slots_.size() * 7) Rehash(slots_.size() * 2);
+    if ((size_ + 1) * 5 > slots_.size() * 4) Rehash(slots_.size() * 2);
     for (size_t i = Home(key);; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (s.key == key) {

@@ -1088,7 +1088,10 @@ Status Indexer::ClearSource(std::string_view source) {
   d.log_rows -= log_deleted;
   d.log_rows_pending = d.log_rows;
   WriterLock l(&d.state_mu);
-  d.mem.ClearWhere([&](uint32_t inst) { return d.mem.InstanceSource(inst) == sid; }, UINT32_MAX);
+  // The callback runs under this lock; pointers keep the analysis from asking for it again.
+  const MemoryIndex* mem = &d.mem;
+  d.mem.ClearWhere([mem, sid](uint32_t inst) { return mem->InstanceSource(inst) == sid; },
+                   UINT32_MAX);
   for (auto it = d.streams.begin(); it != d.streams.end();) {
     it = it->first.first == sid ? d.streams.erase(it) : std::next(it);
   }
@@ -1333,16 +1336,19 @@ void Indexer::Dump(const std::function<bool(const DumpEntry&)>& fn) const {
   const Impl& d = *impl_;
   ReaderLock l(&d.state_mu);
   std::vector<DumpEntry> all;
-  d.mem.ForEachHolding([&](uint32_t node, uint32_t inst, uint32_t medium, uint32_t group,
-                           uint32_t ref, uint64_t since) {
+  // The callback runs under this lock; pointers keep the analysis from asking for it again.
+  const MemoryIndex* mem = &d.mem;
+  const std::vector<std::string>* names = &d.source_names;
+  mem->ForEachHolding([&](uint32_t node, uint32_t inst, uint32_t medium, uint32_t group,
+                          uint32_t ref, uint64_t since) {
     DumpEntry e;
-    e.source = d.source_names[d.mem.InstanceSource(inst) - 1];
-    e.dp_rank = d.mem.InstanceRank(inst);
-    e.medium = d.mem.MediumName(medium);
-    e.group = d.mem.GroupValue(group);
-    e.engine_hash = d.mem.NodeEngineHash(node);
-    e.content_key = d.mem.NodeContentKey(node);
-    e.block_size = d.mem.NodeBlockSize(node);
+    e.source = (*names)[mem->InstanceSource(inst) - 1];
+    e.dp_rank = mem->InstanceRank(inst);
+    e.medium = mem->MediumName(medium);
+    e.group = mem->GroupValue(group);
+    e.engine_hash = mem->NodeEngineHash(node);
+    e.content_key = mem->NodeContentKey(node);
+    e.block_size = mem->NodeBlockSize(node);
     e.refcount = ref;
     e.since_seq = since;
     all.push_back(std::move(e));

@@ -26,10 +26,13 @@
 //
 // Locking rule. Every method is thread-safe. Writers (ApplyBatch, ClearSource, Flush, Compact)
 // are serialised by one ingest mutex; they update memory under an exclusive state lock held only
-// for the in-memory part. Readers (Score, Explain, Stats, Dump, LastSequence) take the state lock
-// shared, so concurrent queries run in parallel with each other and never wait for SQLite.
-// Lock order: ingest mutex, then state lock. Callbacks (Dump) run under the shared state lock and
-// must not call back into the Indexer.
+// for the in-memory part. SQLite is driven under a separate connection mutex: a flush takes the
+// pending rows in O(1) and commits them while ingest continues. Readers (Score, Explain, Stats,
+// Dump, LastSequence) take the state lock shared, so concurrent queries run in parallel with each
+// other and never wait for SQLite. Lock order: connection, ingest, state (indexer/DESIGN.md).
+// Callbacks (Dump) run under the shared state lock and must not call back into the Indexer.
+// A failed automatic commit is returned by the ApplyBatch that triggered it (the batch itself is
+// applied and stays pending; a later flush retries).
 #pragma once
 
 #include <cstdint>

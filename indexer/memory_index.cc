@@ -81,6 +81,12 @@ uint32_t MemoryIndex::NewNode(uint64_t engine_hash) {
     free_nodes_.pop_back();
   } else {
     id = static_cast<uint32_t>(nodes_.size());
+    if (nodes_.size() == nodes_.capacity()) {
+      // Grow by 1.5x rather than the library's 2x: these two arrays dominate memory.
+      const size_t cap = std::max<size_t>(1024, nodes_.capacity() + nodes_.capacity() / 2);
+      nodes_.reserve(cap);
+      bits_.reserve(cap * media_slots_ * words_);
+    }
     nodes_.emplace_back();
     bits_.resize(nodes_.size() * media_slots_ * words_, 0);
   }

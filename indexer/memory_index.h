@@ -152,7 +152,7 @@ class MemoryIndex {
   FlatTable<uint64_t> holdings_;
   std::vector<uint64_t> bits_;
   size_t words_ = 1;
-  size_t media_slots_ = 4;
+  size_t media_slots_ = 3;  // GPU, CPU, STORAGE; grows (x2) when other media appear
 };
 
 template <class Pred>

@@ -403,7 +403,8 @@ TEST(IndexerPropertyTest, RandomStreamsMatchModelAcrossReopenAndCompaction) {
   }
   std::vector<uint64_t> universe;
   for (const auto& ch : chains) {
-    for (uint64_t k : *ContentKeys(ch, bs)) universe.push_back(k ^ salt);
+    const std::vector<uint64_t> keys = *ContentKeys(ch, bs);
+    for (uint64_t k : keys) universe.push_back(k ^ salt);
   }
   const std::vector<std::string> sources = {"s0", "s1", "s2"};
   const std::vector<std::string> media = {"GPU", "CPU", "STORAGE"};
