@@ -698,3 +698,30 @@ TEST(IndexerConcurrencyTest, ScoresWhileIngesting) {
 
 }  // namespace
 }  // namespace kvo
+
+namespace kvo {
+namespace {
+
+TEST(IndexerFileTest, ReadOnlyOpenSeesCommittedStateAndRefusesWrites) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/ro.db";
+  auto idx = MustOpen(path);
+  const auto t = Tokens(64, 11);
+  ASSERT_TRUE(idx->ApplyBatch("a", 0, 5, Batch({SelfStore(t, 16, 0, 4, 0)})).ok());
+  ASSERT_TRUE(idx->Flush().ok());
+  IndexerOptions o = TestOptions();
+  o.read_only = true;
+  auto ro = Indexer::Open(path, o);  // while the writer is open, as an audit command would
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  ScoreQuery q;
+  q.token_ids = t;
+  EXPECT_EQ(Find(*(*ro)->Score(q), "a")->prefix_blocks, 4);
+  EXPECT_EQ(*(*ro)->LastSequence("a", 0), 5u);
+  EXPECT_EQ((*ro)->ApplyBatch("a", 0, 6, Batch({})).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_FALSE((*ro)->ClearSource("a").ok());
+  EXPECT_GT((*ro)->Stats().sqlite_bytes, 0);
+}
+
+}  // namespace
+}  // namespace kvo
