@@ -16,16 +16,22 @@ extern char** environ;
 
 namespace kvo::testing {
 
-ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe) {
+  int in[2] = {-1, -1};
   int out[2];
   int err[2];
-  if (::pipe(out) != 0 || ::pipe(err) != 0) {
+  if ((stdin_pipe && ::pipe(in) != 0) || ::pipe(out) != 0 || ::pipe(err) != 0) {
     ADD_FAILURE() << "pipe: " << std::strerror(errno);
     return;
   }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  if (stdin_pipe) {
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    posix_spawn_file_actions_addclose(&actions, in[1]);
+  } else {
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  }
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   posix_spawn_file_actions_adddup2(&actions, err[1], 2);
   posix_spawn_file_actions_addclose(&actions, out[0]);
@@ -35,8 +41,10 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
   args.push_back(nullptr);
   const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  if (stdin_pipe) ::close(in[0]);
   ::close(out[1]);
   ::close(err[1]);
+  in_fd_ = in[1];
   out_fd_ = out[0];
   err_fd_ = err[0];
   if (rc != 0) {
@@ -51,12 +59,31 @@ ChildProcess::~ChildProcess() {
     int st;
     ::waitpid(pid_, &st, 0);
   }
-  if (out_fd_ >= 0) ::close(out_fd_);
-  if (err_fd_ >= 0) ::close(err_fd_);
+  for (int fd : {in_fd_, out_fd_, err_fd_}) {
+    if (fd >= 0) ::close(fd);
+  }
 }
 
 void ChildProcess::Signal(int sig) {
   if (pid_ > 0 && !status_) ::kill(pid_, sig);
+}
+
+void ChildProcess::WriteStdin(const std::string& text) {
+  size_t done = 0;
+  while (in_fd_ >= 0 && done < text.size()) {
+    const ssize_t n = ::write(in_fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ADD_FAILURE() << "write to child " << pid_ << " stdin: " << std::strerror(errno);
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void ChildProcess::Drain() {
+  while (Pump(SteadyClock::now() + std::chrono::milliseconds(1), false)) {
+  }
 }
 
 std::optional<std::string> ChildProcess::ReadStdoutLine(SteadyClock::time_point deadline) {
@@ -73,6 +100,10 @@ std::optional<std::string> ChildProcess::ReadStdoutLine(SteadyClock::time_point 
 
 int ChildProcess::Wait(SteadyClock::time_point deadline) {
   if (pid_ <= 0) return -1;
+  if (in_fd_ >= 0) {
+    ::close(in_fd_);
+    in_fd_ = -1;
+  }
   while (out_fd_ >= 0 || err_fd_ >= 0) {
     if (!Pump(deadline, false)) break;
   }

@@ -16,8 +16,9 @@ using SteadyClock = std::chrono::steady_clock;
 
 class ChildProcess {
  public:
-  // Starts argv[0] (a path) with argv; stdin is /dev/null. A failure to start is a test failure.
-  explicit ChildProcess(const std::vector<std::string>& argv);
+  // Starts argv[0] (a path) with argv. Stdin is /dev/null, or with `stdin_pipe` a pipe the test
+  // writes with WriteStdin (closed by Wait). A failure to start is a test failure.
+  explicit ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe = false);
   // SIGKILLs and reaps the child if it is still running, so a failed assertion leaves nothing.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
@@ -26,6 +27,7 @@ class ChildProcess {
   bool started() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
   void Signal(int sig);
+  void WriteStdin(const std::string& text);
 
   // The next complete stdout line, or nullopt at EOF or when `deadline` passes.
   std::optional<std::string> ReadStdoutLine(SteadyClock::time_point deadline);
@@ -33,6 +35,9 @@ class ChildProcess {
   // Reads both pipes to EOF and reaps the child. Returns the exit code; -1 when it was killed by
   // a signal or the deadline passed (then the child is SIGKILLed and the test fails).
   int Wait(SteadyClock::time_point deadline);
+
+  // Reads whatever the pipes hold now (keeps a chatty child from blocking on a full pipe).
+  void Drain();
 
   // Stdout not yet returned by ReadStdoutLine, and all of stderr so far.
   std::string out() const { return out_.substr(out_pos_); }
@@ -42,6 +47,7 @@ class ChildProcess {
   bool Pump(SteadyClock::time_point deadline, bool want_stdout);
 
   pid_t pid_ = -1;
+  int in_fd_ = -1;
   int out_fd_ = -1;
   int err_fd_ = -1;
   std::string out_;

@@ -36,166 +36,22 @@
 #include "events/event_json.h"
 #include "events/zmq_publisher.h"
 #include "indexer/http_server.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
-
-extern char** environ;
 
 namespace kvo {
 namespace {
 
 using Json = nlohmann::json;
-using SteadyClock = std::chrono::steady_clock;
+using testing::SteadyClock;
 
 constexpr auto kGuard = std::chrono::seconds(60);  // failure guard for one step
 constexpr char kPython[] = "/usr/bin/python3";     // Debian's, with python3-msgpack/python3-zmq
 constexpr int kBlockSize = 4;
 
-// A child process with its stdout/stderr on pipes (as in events_command_test.cc); SIGKILLed if
-// still running when destroyed. stdin is a pipe the test may write to.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& argv) {
-    int in[2], out[2], err[2];
-    if (::pipe(in) != 0 || ::pipe(out) != 0 || ::pipe(err) != 0) {
-      ADD_FAILURE() << "pipe: " << std::strerror(errno);
-      return;
-    }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    for (int fd : {in[1], out[0], err[0]}) posix_spawn_file_actions_addclose(&actions, fd);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(in[0]);
-    ::close(out[1]);
-    ::close(err[1]);
-    in_fd_ = in[1];
-    out_fd_ = out[0];
-    err_fd_ = err[0];
-    if (rc != 0) {
-      ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(rc);
-      pid_ = -1;
-    }
-  }
-  ~Child() {
-    if (pid_ > 0 && !status_) {
-      ::kill(pid_, SIGKILL);
-      int st;
-      ::waitpid(pid_, &st, 0);
-    }
-    for (int fd : {in_fd_, out_fd_, err_fd_}) {
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  void Signal(int sig) {
-    if (pid_ > 0 && !status_) ::kill(pid_, sig);
-  }
-  void WriteStdin(const std::string& s) {
-    if (in_fd_ >= 0) {
-      ssize_t n = ::write(in_fd_, s.data(), s.size());
-      (void)n;
-    }
-  }
-
-  std::optional<std::string> ReadStdoutLine(SteadyClock::time_point deadline) {
-    while (true) {
-      size_t nl = out_.find('\n', out_pos_);
-      if (nl != std::string::npos) {
-        std::string line = out_.substr(out_pos_, nl - out_pos_);
-        out_pos_ = nl + 1;
-        return line;
-      }
-      if (!Pump(deadline, true)) return std::nullopt;
-    }
-  }
-
-  // Reads both pipes to EOF and reaps the child: its exit code, -1 when killed by a signal.
-  int Wait(SteadyClock::time_point deadline) {
-    if (in_fd_ >= 0) {
-      ::close(in_fd_);
-      in_fd_ = -1;
-    }
-    while (out_fd_ >= 0 || err_fd_ >= 0) {
-      if (!Pump(deadline, false)) break;
-    }
-    if (out_fd_ >= 0 || err_fd_ >= 0) {
-      ADD_FAILURE() << "child " << pid_ << " still running at the deadline\nstderr: " << err_;
-      ::kill(pid_, SIGKILL);
-    }
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    status_ = st;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  }
-
-  std::string out() const { return out_.substr(out_pos_); }
-  const std::string& err() const { return err_; }
-  // Drains whatever the pipes hold now (keeps a chatty child from blocking on a full pipe).
-  void Drain() {
-    while (Pump(SteadyClock::now() + std::chrono::milliseconds(1), false)) {
-    }
-  }
-
- private:
-  bool Pump(SteadyClock::time_point deadline, bool want_stdout) {
-    pollfd fds[2];
-    int n = 0;
-    if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
-    if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
-    if (n == 0 || (want_stdout && out_fd_ < 0)) return false;
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
-    if (left.count() <= 0) return false;
-    int r = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) return true;
-    if (r <= 0) return false;
-    for (int i = 0; i < n; ++i) {
-      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      char buf[65536];
-      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      bool is_out = fds[i].fd == out_fd_;
-      if (got > 0) {
-        (is_out ? out_ : err_).append(buf, static_cast<size_t>(got));
-      } else {
-        ::close(fds[i].fd);
-        (is_out ? out_fd_ : err_fd_) = -1;
-      }
-    }
-    return true;
-  }
-
-  pid_t pid_ = -1;
-  int in_fd_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  std::string out_;
-  size_t out_pos_ = 0;
-  std::string err_;
-  std::optional<int> status_;
-};
-
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-RunResult RunCommand(const std::vector<std::string>& argv) {
-  Child child(argv);
-  RunResult r;
-  r.code = child.Wait(SteadyClock::now() + kGuard);
-  r.out = child.out();
-  r.err = child.err();
-  return r;
-}
+using Child = testing::ChildProcess;
+using RunResult = testing::CommandResult;
+using testing::RunCommand;
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary);
@@ -381,7 +237,8 @@ class Daemon {
   Daemon(const std::string& db, const std::string& config) {
     child_ = std::make_unique<Child>(
         std::vector<std::string>{KVO_BINARY, "--log-level", "info", "index", "serve", "--db", db,
-                                 "--config", config, "--http", "127.0.0.1:0"});
+                                 "--config", config, "--http", "127.0.0.1:0"},
+        /*stdin_pipe=*/true);
     auto line = child_->ReadStdoutLine(SteadyClock::now() + kGuard);
     if (!line) {
       ADD_FAILURE() << "the daemon printed no listening line; stderr:\n" << child_->err();
@@ -833,7 +690,8 @@ TEST_F(IndexCommandTest, ConsumesVllmStyleBusInBothEncodingsAndReplyShapes) {
     std::string rep = "ipc://" + Path(p.name + ".replay");
     p.child = std::make_unique<Child>(
         std::vector<std::string>{kPython, Path("publisher.py"), pub, rep, "kv-events", p.encoding,
-                                 p.shape, Path(p.name + ".jsonl"), "30"});
+                                 p.shape, Path(p.name + ".jsonl"), "30"},
+        /*stdin_pipe=*/true);
     auto ready = p.child->ReadStdoutLine(SteadyClock::now() + kGuard);
     ASSERT_EQ(ready, "ready") << p.child->err();
     cfg["sources"].push_back({{"name", p.name},
