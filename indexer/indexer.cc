@@ -779,6 +779,14 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
           } else {
             ++d.counters.content_mismatches;
           }
+          // A block whose own content could not be keyed (unresolved parent, token mismatch)
+          // still gets the key its node already has, so the log (and a rebuild from it) holds
+          // what memory holds.
+          for (size_t i = 0; i < n; ++i) {
+            if (r.content_keys[i] != 0) continue;
+            const uint32_t node = d.mem.NodeByEngine(r.hashes[i]);
+            if (node != kNoNode) r.content_keys[i] = d.mem.NodeContentKey(node);
+          }
         }
         d.ApplyRow(r, &out);
       }
@@ -1066,6 +1074,13 @@ Status Indexer::ClearSource(std::string_view source) {
     sid = it->second;
   }
   KVO_RETURN_IF_ERROR(d.FlushHoldingIngest());
+  // Fold the whole log first: a content key this source's stores gave to blocks that other
+  // sources hold reaches their rows (the keyless back-fill) before this source's rows go.
+  while (d.log_rows > 0) {
+    int64_t folded = 0;
+    KVO_RETURN_IF_ERROR(d.CompactChunk(d.opt.compact_chunk_rows, &folded));
+    if (folded == 0) break;
+  }
   KVO_RETURN_IF_ERROR(Exec(d.db, "BEGIN IMMEDIATE", d.path));
   Status s;
   int64_t log_deleted = 0;

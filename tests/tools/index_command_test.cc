@@ -508,7 +508,8 @@ TEST_F(IndexCommandTest, FollowsPublishersThroughLateJoinDropsRestartAndKill9) {
   daemon = std::make_unique<Daemon>(db, Path("indexer.json"));
   ASSERT_TRUE(daemon->WaitForSequences(want));
   ExpectScoresMatch(*daemon, corpus, model, streams, "after kill -9 and restart");
-  for (const auto& src : daemon->Sources()["sources"]) {
+  const Json warm_sources = daemon->Sources();  // kept alive for the loop
+  for (const auto& src : warm_sources["sources"]) {
     for (const auto& st : src["streams"]) {
       // A cold start would re-apply everything the publishers still hold (hundreds of batches).
       EXPECT_LE(st["batches_applied"].get<int64_t>(), 45) << src["name"] << ": not warm";
@@ -714,7 +715,8 @@ TEST_F(IndexCommandTest, ConsumesVllmStyleBusInBothEncodingsAndReplyShapes) {
   }
   ASSERT_TRUE(daemon.WaitForSequences(want));
   ExpectScoresMatch(daemon, corpus, model, streams, "vLLM-style bus");
-  for (const auto& src : daemon.Sources()["sources"]) {
+  const Json sources = daemon.Sources();  // kept alive for the loop
+  for (const auto& src : sources["sources"]) {
     EXPECT_EQ(src["hash_parity"]["state"], "ok") << src.dump(1);
     EXPECT_GT(src["hash_parity"]["checked_blocks"].get<int64_t>(), 0);
     EXPECT_EQ(src["decode_errors"], 0);
