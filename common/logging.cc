@@ -6,7 +6,7 @@
 
 namespace kvo {
 
-void SetLogLevel(std::string_view level) {
+void InitLogging() {
   // Logs go to stderr so that stdout stays machine-readable (JSON lines).
   static const bool installed = [] {
     auto logger = spdlog::stderr_color_mt("kvo");
@@ -14,6 +14,10 @@ void SetLogLevel(std::string_view level) {
     return true;
   }();
   (void)installed;
+}
+
+void SetLogLevel(std::string_view level) {
+  InitLogging();
   spdlog::level::level_enum lvl = spdlog::level::from_str(std::string(level));
   if (lvl == spdlog::level::off && level != "off") lvl = spdlog::level::info;
   spdlog::set_level(lvl);

@@ -7,7 +7,13 @@
 
 namespace kvo {
 
+// Installs kvo's logger (stderr) as spdlog's default, once. Call before starting threads that
+// log: spdlog's registry is a lazy singleton inside an uninstrumented shared library, so its first
+// use from two threads at once is invisible to ThreadSanitizer's view of the guard.
+void InitLogging();
+
 // Sets the global level from "trace|debug|info|warn|error|off"; unknown names keep "info".
+// Calls InitLogging().
 void SetLogLevel(std::string_view level);
 
 }  // namespace kvo

@@ -698,6 +698,7 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
           config.db, st.source, st.dp_rank);
     }
   }
+  InitLogging();  // before the stream threads log
   Impl* raw = impl.get();
   for (auto& st : impl->streams) {
     StreamState* s = st.get();
