@@ -139,11 +139,20 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
     candidates = filtered_;
   }
 
+  // Start every candidate's index miss before probing any (a chunk's keys are independent
+  // random probes; one at a time they serialise on the probe loop's data-dependent branch).
+  if (fast_table_ != nullptr && candidates.size() > 1) {
+    for (const OffloadKey& key : candidates) fast_table_->Prefetch(policy_internal::HashKey(key));
+  }
   // keys_to_store: the candidates not present in any state, each once.
   const bool use_set = candidates.size() > 32;
   if (use_set) dedup_.clear();
+  present_.clear();
   for (const OffloadKey& key : candidates) {
-    if (policy_->Get(key) != nullptr) continue;
+    if (policy_->Get(key) != nullptr) {
+      present_.push_back(key);
+      continue;
+    }
     if (use_set) {
       if (!dedup_.insert(key).second) continue;
     } else if (std::find(out->keys_to_store.begin(), out->keys_to_store.end(), key) !=
@@ -164,8 +173,9 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
       out->keys_to_store.clear();
       return false;
     }
-    // Every (post-threshold) input key is protected, including already-stored ones.
-    if (!policy_->EvictInto(need, candidates, &evicted_)) {
+    // Every (post-threshold) input key is protected, including already-stored ones; only the
+    // present ones can be victims, so only they are passed.
+    if (!policy_->EvictInto(need, present_, &evicted_)) {
       ++store_failures_;
       out->keys_to_store.clear();
       return false;

@@ -122,6 +122,7 @@ class CpuTier {
 
   // Scratch, reused across calls.
   std::vector<OffloadKey> filtered_;
+  std::vector<OffloadKey> present_;  // PrepareStore's candidates already in the policy
   std::vector<BlockStatus*> blocks_;
   std::unordered_set<OffloadKey, OffloadKeyHash> dedup_;
   std::vector<std::pair<OffloadKey, BlockStatus>> evicted_;

@@ -1,7 +1,7 @@
 #include "manager/event_fold.h"
 
+#include <algorithm>
 #include <memory>
-#include <unordered_set>
 #include <utility>
 
 #include "events/codec.h"
@@ -9,28 +9,30 @@
 namespace kvo {
 namespace {
 
-bool Folded(const std::optional<std::string>& medium) {
-  return medium.has_value() && (*medium == kMediumCpu || *medium == kMediumStorage);
+std::optional<EventFold::Medium> Folded(const std::optional<std::string>& medium) {
+  if (!medium.has_value()) return std::nullopt;
+  if (*medium == kMediumCpu) return EventFold::Medium::kCpu;
+  if (*medium == kMediumStorage) return EventFold::Medium::kStorage;
+  return std::nullopt;
 }
 
 }  // namespace
 
 size_t EventFold::ChunkIdHash::operator()(const ChunkId& id) const {
-  uint64_t h = std::get<2>(id) ^ (static_cast<uint64_t>(std::get<1>(id)) * 0x9e3779b97f4a7c15ULL);
-  h ^= std::hash<std::string>()(std::get<0>(id));
+  uint64_t h = id.hash ^ (static_cast<uint64_t>(id.group) * 0x9e3779b97f4a7c15ULL) ^
+               static_cast<uint64_t>(id.medium);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
   h ^= h >> 33;
   return static_cast<size_t>(h);
 }
 
-const std::map<EventFold::ChunkId, FoldedChunk>& EventFold::chunks() const {
-  if (!ordered_valid_) {
-    ordered_.clear();
-    ordered_.insert(chunks_.begin(), chunks_.end());
-    ordered_valid_ = true;
-  }
-  return ordered_;
+std::vector<std::pair<EventFold::ChunkId, const FoldedChunk*>> EventFold::Sorted() const {
+  std::vector<std::pair<ChunkId, const FoldedChunk*>> out;
+  out.reserve(chunks_.size());
+  for (const auto& [id, chunk] : chunks_) out.emplace_back(id, &chunk);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
 }
 
 void EventFold::Apply(const EventBatch& batch) {
@@ -39,35 +41,38 @@ void EventFold::Apply(const EventBatch& batch) {
 }
 
 void EventFold::Apply(const KvEvent& event) {
-  ordered_valid_ = false;
   if (const auto* s = std::get_if<BlockStored>(&event)) {
-    if (!Folded(s->medium) || s->block_hashes.empty()) return;
-    const int64_t group = s->group_idx.value_or(0);
-    FoldedChunk& c = chunks_[ChunkId{*s->medium, group, s->block_hashes.back().Low64()}];
+    const std::optional<Medium> medium = Folded(s->medium);
+    if (!medium.has_value() || s->block_hashes.empty()) return;
+    FoldedChunk& c =
+        chunks_[ChunkId{*medium, s->group_idx.value_or(0), s->block_hashes.back().Low64()}];
     Announcement& a = c.held.emplace_back();
+    a.hashes.reserve(s->block_hashes.size());
     for (const BlockHash& h : s->block_hashes) a.hashes.push_back(h.Low64());
     a.locality = s->locality;
-    if (s->block_size > 0 || !s->token_ids.empty()) a.described = *s;
+    if (s->block_size > 0 || !s->token_ids.empty()) a.described = std::make_shared<BlockStored>(*s);
     return;
   }
   if (const auto* r = std::get_if<BlockRemoved>(&event)) {
-    if (!Folded(r->medium)) return;
+    const std::optional<Medium> medium = Folded(r->medium);
+    if (!medium.has_value()) return;
     const int64_t group = r->group_idx.value_or(0);
-    std::unordered_set<uint64_t> listed;  // filled when a chunk has several announcements
+    listed_.clear();  // filled when a chunk has several announcements
     for (const BlockHash& h : r->block_hashes) {
-      auto it = chunks_.find(ChunkId{*r->medium, group, h.Low64()});
+      auto it = chunks_.find(ChunkId{*medium, group, h.Low64()});
       if (it == chunks_.end()) continue;
       std::vector<Announcement>& held = it->second.held;
       if (held.size() == 1) {  // the only announcement goes
         chunks_.erase(it);
         continue;
       }
-      if (listed.empty()) {
-        for (const BlockHash& x : r->block_hashes) listed.insert(x.Low64());
+      if (listed_.empty()) {
+        for (const BlockHash& x : r->block_hashes) listed_.push_back(x.Low64());
+        std::sort(listed_.begin(), listed_.end());
       }
       auto covered = [&](const Announcement& a) {
         for (uint64_t x : a.hashes) {
-          if (listed.count(x) == 0) return false;
+          if (!std::binary_search(listed_.begin(), listed_.end(), x)) return false;
         }
         return true;
       };
@@ -87,14 +92,14 @@ void EventFold::Apply(const KvEvent& event) {
     return;
   }
   chunks_.clear();  // AllBlocksCleared
-  ordered_.clear();
 }
 
 std::map<std::pair<int64_t, uint64_t>, int64_t> EventFold::Chunks(const std::string& medium) const {
   std::map<std::pair<int64_t, uint64_t>, int64_t> out;
+  const std::optional<Medium> m = Folded(medium);
+  if (!m.has_value()) return out;
   for (const auto& [id, chunk] : chunks_) {
-    if (std::get<0>(id) == medium)
-      out[{std::get<1>(id), std::get<2>(id)}] = static_cast<int64_t>(chunk.held.size());
+    if (id.medium == *m) out[{id.group, id.hash}] = static_cast<int64_t>(chunk.held.size());
   }
   return out;
 }

@@ -12,10 +12,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
@@ -26,9 +27,10 @@ namespace kvo {
 
 // One stored announcement of a chunk not yet removed.
 struct Announcement {
-  std::vector<uint64_t> hashes;          // the per-block hashes it carried (last = the chunk's)
-  std::optional<std::string> locality;   // the announcing tier's locality
-  std::optional<BlockStored> described;  // the event itself when self-describing
+  std::vector<uint64_t> hashes;         // the per-block hashes it carried (last = the chunk's)
+  std::optional<std::string> locality;  // the announcing tier's locality
+  // The event itself when self-describing (its block_hashes are `hashes`).
+  std::shared_ptr<const BlockStored> described;
 };
 
 struct FoldedChunk {
@@ -39,25 +41,38 @@ struct FoldedChunk {
 
 class EventFold {
  public:
-  // (medium, group, last block hash as u64)
-  using ChunkId = std::tuple<std::string, int64_t, uint64_t>;
+  // The two folded media.
+  enum class Medium : uint8_t { kCpu, kStorage };
+  static const char* MediumName(Medium m) {
+    return m == Medium::kCpu ? kMediumCpu : kMediumStorage;
+  }
+  // A chunk: (medium, group, last block hash as u64).
+  struct ChunkId {
+    Medium medium;
+    int64_t group;
+    uint64_t hash;
+    friend bool operator==(const ChunkId&, const ChunkId&) = default;
+    friend auto operator<=>(const ChunkId&, const ChunkId&) = default;
+  };
+
+  EventFold() { chunks_.max_load_factor(0.5f); }
 
   void Apply(const EventBatch& batch);
   void Apply(const KvEvent& event);
 
-  // Ordered by ChunkId (built on the first call after a change; Apply keeps a hash map).
-  const std::map<ChunkId, FoldedChunk>& chunks() const;
+  // Every chunk held, ordered by ChunkId (sorted on each call).
+  std::vector<std::pair<ChunkId, const FoldedChunk*>> Sorted() const;
   // Chunks of one medium with their counts, as (group, hash) -> count.
   std::map<std::pair<int64_t, uint64_t>, int64_t> Chunks(const std::string& medium) const;
   uint64_t batches() const { return batches_; }
 
- private:
   struct ChunkIdHash {
     size_t operator()(const ChunkId& id) const;
   };
+
+ private:
   std::unordered_map<ChunkId, FoldedChunk, ChunkIdHash> chunks_;
-  mutable std::map<ChunkId, FoldedChunk> ordered_;  // chunks() view
-  mutable bool ordered_valid_ = true;
+  std::vector<uint64_t> listed_;  // scratch: a removal's hashes, sorted
   uint64_t batches_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,23 +29,18 @@ ChunkMetadata MetadataOf(const BlockStored& s) {
   return m;
 }
 
-// Whether the announcement was the self-describing one (its hashes are the event's).
-bool Described(const Announcement& a) {
-  if (!a.described.has_value() || a.described->block_hashes.size() != a.hashes.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < a.hashes.size(); ++i) {
-    if (a.described->block_hashes[i].Low64() != a.hashes[i]) return false;
-  }
-  return true;
-}
-
 // Collects the restart removals: one BlockRemoved per (medium, group, locality).
 class Removals {
  public:
   explicit Removals(std::vector<KvEvent>* out) : out_(out) {}
   void Add(const std::string& medium, int64_t group, const Announcement& a) {
+    if (last_ != index_.end() && std::get<0>(last_->first) == medium &&
+        std::get<1>(last_->first) == group && std::get<2>(last_->first) == a.locality) {
+      Append(last_->second, a);  // the usual case: the same event as the previous chunk
+      return;
+    }
     auto [it, inserted] = index_.emplace(std::make_tuple(medium, group, a.locality), out_->size());
+    last_ = it;
     if (inserted) {
       BlockRemoved r;
       r.medium = medium;
@@ -53,15 +49,21 @@ class Removals {
       r.reason = kReasonRestart;
       out_->emplace_back(std::move(r));
     }
-    auto& removed = std::get<BlockRemoved>((*out_)[it->second]);
-    for (uint64_t h : a.hashes) removed.block_hashes.push_back(BlockHash::Uint(h));
-    ++chunks_;
+    Append(it->second, a);
   }
   uint64_t chunks() const { return chunks_; }
 
  private:
+  void Append(size_t event, const Announcement& a) {
+    auto& removed = std::get<BlockRemoved>((*out_)[event]);
+    for (uint64_t h : a.hashes) removed.block_hashes.push_back(BlockHash::Uint(h));
+    ++chunks_;
+  }
+
   std::vector<KvEvent>* out_;
-  std::map<std::tuple<std::string, int64_t, std::optional<std::string>>, size_t> index_;
+  using Index = std::map<std::tuple<std::string, int64_t, std::optional<std::string>>, size_t>;
+  Index index_;
+  Index::const_iterator last_ = index_.end();
   uint64_t chunks_ = 0;
 };
 
@@ -75,20 +77,25 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
 
   std::vector<KvEvent> events;
   Removals removals(&events);
+  const std::vector<std::pair<EventFold::ChunkId, const FoldedChunk*>> chunks = fold.Sorted();
   // 1. The CPU tier is volatile: everything it announced is gone.
-  for (const auto& [id, chunk] : fold.chunks()) {
-    const auto& [medium, group, hash] = id;
-    if (medium != kMediumCpu) continue;
-    for (const Announcement& a : chunk.held) removals.Add(kMediumCpu, group, a);
+  for (const auto& [id, chunk] : chunks) {
+    if (id.medium != EventFold::Medium::kCpu) continue;
+    for (const Announcement& a : chunk->held) removals.Add(kMediumCpu, id.group, a);
   }
   const uint64_t cpu_chunks = removals.chunks();
 
   // 2. Each publishing secondary tier's blocks, matched against the journal's announcements of
   // the same chunk and locality: matched ones stay (in the form they were announced in), the
   // others are announced now; announcements nobody matched are removed.
-  std::map<EventFold::ChunkId, std::vector<Announcement>> open;
-  for (const auto& [id, chunk] : fold.chunks()) {
-    if (std::get<0>(id) == kMediumStorage) open[id] = chunk.held;
+  // open[k]: the still unmatched announcements of the k-th STORAGE chunk (in ChunkId order).
+  std::vector<std::pair<int64_t, std::vector<const Announcement*>>> open;
+  std::unordered_map<EventFold::ChunkId, size_t, EventFold::ChunkIdHash> open_index;
+  for (const auto& [id, chunk] : chunks) {
+    if (id.medium != EventFold::Medium::kStorage) continue;
+    open_index.emplace(id, open.size());
+    auto& [group, held] = open.emplace_back(id.group, std::vector<const Announcement*>());
+    for (const Announcement& a : chunk->held) held.push_back(&a);
   }
   std::vector<KvEvent> stores;
   std::vector<OffloadKey> keys;
@@ -99,24 +106,23 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
     keys.clear();
     t.ListHeld(&keys);
     for (const OffloadKey& key : keys) {
-      const EventFold::ChunkId id{kMediumStorage, key.group(), key.Wire()};
-      auto it = open.find(id);
-      std::optional<BlockStored> template_event;
-      if (it != open.end()) {
-        std::vector<Announcement>& held = it->second;
-        auto match = std::find_if(held.begin(), held.end(), [&](const Announcement& a) {
-          return a.locality == t.locality();
+      auto it = open_index.find({EventFold::Medium::kStorage, key.group(), key.Wire()});
+      std::shared_ptr<const BlockStored> template_event;
+      if (it != open_index.end()) {
+        std::vector<const Announcement*>& held = open[it->second].second;
+        auto match = std::find_if(held.begin(), held.end(), [&](const Announcement* a) {
+          return a->locality == t.locality();
         });
         if (match != held.end()) {
-          if (Described(*match)) m.translator.Adopt(key, MetadataOf(*match->described), tier);
+          if ((*match)->described) m.translator.Adopt(key, MetadataOf(*(*match)->described), tier);
           held.erase(match);
           continue;
         }
-        for (const Announcement& a : held) {
-          if (a.described.has_value()) template_event = a.described;
+        for (const Announcement* a : held) {
+          if (a->described) template_event = a->described;
         }
       }
-      if (m.translator.self_describing() && template_event.has_value()) {
+      if (m.translator.self_describing() && template_event) {
         ChunkMetadata meta = MetadataOf(*template_event);
         stores.emplace_back(
             EventTranslator::DescribedStored(key, meta, std::string(t.medium()), t.locality()));
@@ -127,8 +133,8 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
       }
     }
   }
-  for (const auto& [id, held] : open) {
-    for (const Announcement& a : held) removals.Add(kMediumStorage, std::get<1>(id), a);
+  for (const auto& [group, held] : open) {
+    for (const Announcement* a : held) removals.Add(kMediumStorage, group, *a);
   }
   const uint64_t announced_chunks = stores.size();
   const uint64_t removed_chunks = removals.chunks() - cpu_chunks;
