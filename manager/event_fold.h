@@ -43,9 +43,6 @@ class EventFold {
  public:
   // The two folded media.
   enum class Medium : uint8_t { kCpu, kStorage };
-  static const char* MediumName(Medium m) {
-    return m == Medium::kCpu ? kMediumCpu : kMediumStorage;
-  }
   // A chunk: (medium, group, last block hash as u64).
   struct ChunkId {
     Medium medium;
