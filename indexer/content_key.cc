@@ -4,6 +4,7 @@
 #include <string>
 
 #include "indexer/indexer.h"
+#include "indexer/memory_index.h"
 #include "xxhash.h"
 
 namespace kvo {
@@ -50,15 +51,38 @@ Result<std::vector<uint64_t>> ContentKeys(std::span<const int64_t> token_ids, in
     return Status::InvalidArgument("block_size must be positive, got " +
                                    std::to_string(block_size));
   }
-  const size_t bs = static_cast<size_t>(block_size);
-  std::vector<uint64_t> keys;
-  keys.reserve(token_ids.size() / bs);
-  uint64_t parent = ContentKeyRoot(lora_name);
-  for (size_t i = 0; i + bs <= token_ids.size(); i += bs) {
-    parent = ContentKey(parent, token_ids.subspan(i, bs));
-    keys.push_back(parent);
-  }
-  return keys;
+  return indexer_internal::BlockKeys::FromTokens(token_ids, static_cast<size_t>(block_size),
+                                                 ContentKeyRoot(lora_name))
+      .All();
 }
+
+namespace indexer_internal {
+
+BlockKeys BlockKeys::FromTokens(std::span<const int64_t> tokens, size_t block_size, uint64_t root) {
+  BlockKeys k;
+  k.from_tokens_ = true;
+  k.tokens_ = tokens;
+  k.block_size_ = block_size;
+  k.size_ = tokens.size() / block_size;
+  k.computed_.reserve(k.size_);
+  k.parent_ = root;
+  return k;
+}
+
+void BlockKeys::Extend(size_t n) {
+  uint64_t parent = computed_.empty() ? parent_ : computed_.back();
+  for (size_t i = computed_.size(); i < n; ++i) {
+    parent = ContentKey(parent, tokens_.subspan(i * block_size_, block_size_));
+    computed_.push_back(parent);
+  }
+}
+
+std::vector<uint64_t> BlockKeys::All() {
+  if (!from_tokens_) return {given_.begin(), given_.end()};
+  if (size_ > 0) Extend(size_);
+  return computed_;
+}
+
+}  // namespace indexer_internal
 
 }  // namespace kvo

@@ -291,8 +291,8 @@ struct Indexer::Impl {
   Status CompactChunk(int64_t limit, int64_t* folded) EXCLUSIVE_LOCKS_REQUIRED(db_mu);
   Status FoldRow(const LogRow& row);
   void EvictIfNeeded() EXCLUSIVE_LOCKS_REQUIRED(state_mu);
-  Result<std::vector<uint64_t>> QueryKeys(const ScoreQuery& q, bool* by_engine,
-                                          int64_t* block_size) const;
+  Result<indexer_internal::BlockKeys> QueryKeys(const ScoreQuery& q, bool* by_engine,
+                                                int64_t* block_size) const;
   Result<ScoreResult> ScoreLocked(const ScoreQuery& q, std::vector<uint64_t>* keys_out,
                                   bool* by_engine_out) const
       KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
@@ -1129,8 +1129,8 @@ Result<uint64_t> Indexer::LastSequence(std::string_view source, int64_t dp_rank)
 // ---------------------------------------------------------------------------------------------
 // Queries.
 
-Result<std::vector<uint64_t>> Indexer::Impl::QueryKeys(const ScoreQuery& q, bool* by_engine,
-                                                       int64_t* block_size) const {
+Result<indexer_internal::BlockKeys> Indexer::Impl::QueryKeys(const ScoreQuery& q, bool* by_engine,
+                                                             int64_t* block_size) const {
   const bool has_tokens = !q.token_ids.empty();
   const bool has_hashes = !q.block_hashes.empty();
   if (has_tokens == has_hashes) {
@@ -1150,15 +1150,21 @@ Result<std::vector<uint64_t>> Indexer::Impl::QueryKeys(const ScoreQuery& q, bool
   }
   *block_size = q.block_size.value_or(has_tokens ? opt.default_block_size : 0);
   *by_engine = has_hashes;
-  if (has_hashes) return q.block_hashes;
-  return ContentKeys(q.token_ids, *block_size, q.lora_name.value_or(""));
+  if (has_hashes) return indexer_internal::BlockKeys::Given(q.block_hashes);
+  if (*block_size <= 0) {
+    return Status::InvalidArgument("block_size must be positive, got " +
+                                   std::to_string(*block_size));
+  }
+  // Content keys are hashed lazily, as far as the scoring walk reads them.
+  return indexer_internal::BlockKeys::FromTokens(q.token_ids, static_cast<size_t>(*block_size),
+                                                 ContentKeyRoot(q.lora_name.value_or("")));
 }
 
 Result<ScoreResult> Indexer::Impl::ScoreLocked(const ScoreQuery& q, std::vector<uint64_t>* keys_out,
                                                bool* by_engine_out) const {
   bool by_engine = false;
   int64_t block_size = 0;
-  KVO_ASSIGN_OR_RETURN(std::vector<uint64_t> keys, QueryKeys(q, &by_engine, &block_size));
+  KVO_ASSIGN_OR_RETURN(indexer_internal::BlockKeys keys, QueryKeys(q, &by_engine, &block_size));
   const size_t W = mem.words();
   std::vector<uint64_t> filter(W, 0);
   if (q.sources.empty()) {
@@ -1212,7 +1218,7 @@ Result<ScoreResult> Indexer::Impl::ScoreLocked(const ScoreQuery& q, std::vector<
               if (a.source != b.source) return a.source < b.source;
               return a.dp_rank < b.dp_rank;
             });
-  if (keys_out) *keys_out = std::move(keys);
+  if (keys_out) *keys_out = keys.All();
   if (by_engine_out) *by_engine_out = by_engine;
   return res;
 }

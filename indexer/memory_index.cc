@@ -178,7 +178,7 @@ void MemoryIndex::Touch(uint32_t node, uint32_t tick) {
   std::atomic_ref<uint32_t>(nodes_[node].last_used).store(tick, std::memory_order_relaxed);
 }
 
-std::vector<ScoreCounts> MemoryIndex::Score(std::span<const uint64_t> keys, bool by_engine,
+std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
                                             const std::vector<uint64_t>& filter,
                                             const std::vector<double>& weights, uint32_t tick,
                                             int64_t* first_block_size) const {

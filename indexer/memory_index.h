@@ -12,6 +12,7 @@
 // (readers shared, writers exclusive); Score's LRU touch is a relaxed atomic store.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -28,6 +29,44 @@ struct ScoreCounts {
   int64_t depth = 0;             // prefix blocks
   std::vector<int64_t> present;  // per medium id: blocks of the prefix on that medium
   std::vector<int64_t> best;     // per medium id: blocks whose best medium is this one
+};
+
+// A query's block keys in order, produced on demand: engine hashes given by the caller, or
+// content keys chained from token ids (ContentKey), hashed only as far as the reader goes, so a
+// scoring walk that stops early never hashes the rest and one that runs long overlaps the hashing
+// with its memory misses. Reading key i computes every key before it. Thread-compatible.
+class BlockKeys {
+ public:
+  static BlockKeys Given(std::span<const uint64_t> keys) {
+    BlockKeys k;
+    k.given_ = keys;
+    k.size_ = keys.size();
+    return k;
+  }
+  // REQUIRES: block_size > 0. `root`: ContentKeyRoot(lora name).
+  static BlockKeys FromTokens(std::span<const int64_t> tokens, size_t block_size, uint64_t root);
+
+  size_t size() const { return size_; }
+  // REQUIRES: i < size().
+  uint64_t operator[](size_t i) {
+    if (!from_tokens_) return given_[i];
+    // Refills double (64, 128, ...): few refills, and at most twice the keys the reader needed.
+    if (i >= computed_.size()) Extend(std::min(size_, std::max(i + 1, 2 * computed_.size() + 64)));
+    return computed_[i];
+  }
+  // Every key (computing the rest).
+  std::vector<uint64_t> All();
+
+ private:
+  void Extend(size_t n);
+
+  bool from_tokens_ = false;
+  std::span<const uint64_t> given_;
+  std::span<const int64_t> tokens_;
+  size_t block_size_ = 0;
+  uint64_t parent_ = 0;  // the root
+  size_t size_ = 0;
+  std::vector<uint64_t> computed_;
 };
 
 struct HolderInfo {
@@ -79,7 +118,7 @@ class MemoryIndex {
   // keys: engine hashes (by_engine) or content keys. filter: instance mask (W words, may be
   // shorter: missing words are 0). weights: per medium id. Returns one entry per instance in
   // the filter. *first_block_size: block size of the first query block's node (0 if none).
-  std::vector<ScoreCounts> Score(std::span<const uint64_t> keys, bool by_engine,
+  std::vector<ScoreCounts> Score(BlockKeys& keys, bool by_engine,
                                  const std::vector<uint64_t>& filter,
                                  const std::vector<double>& weights, uint32_t tick,
                                  int64_t* first_block_size) const;

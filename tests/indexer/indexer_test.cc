@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "indexer/memory_index.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -94,6 +95,27 @@ TEST(ContentKeyTest, ChainedAndLoraSeparated) {
   EXPECT_FALSE(ContentKeys(t, 0).ok());
   // Golden: the definition in schemas/index.md must not drift silently.
   EXPECT_EQ(ContentKeyRoot(""), ContentKeyRoot(std::string_view("", 0)));
+}
+
+// BlockKeys hashes on demand in doubling refills: whatever order of reads, every key equals the
+// eagerly chained one, and reading key i never computes past what its refill covers.
+TEST(ContentKeyTest, LazyBlockKeysEqualEagerKeysAtEveryRefill) {
+  const auto t = Tokens(16 * 300 + 5, 11);  // 300 blocks and a partial one
+  const std::vector<uint64_t> eager = *ContentKeys(t, 16, "lora-b");
+  ASSERT_EQ(eager.size(), 300u);
+  for (size_t first : {size_t{0}, size_t{63}, size_t{64}, size_t{200}, size_t{299}}) {
+    auto lazy = indexer_internal::BlockKeys::FromTokens(t, 16, ContentKeyRoot("lora-b"));
+    ASSERT_EQ(lazy.size(), 300u);
+    EXPECT_EQ(lazy[first], eager[first]) << "first read " << first;
+    for (size_t i = 0; i < lazy.size(); ++i) ASSERT_EQ(lazy[i], eager[i]) << "block " << i;
+    EXPECT_EQ(lazy.All(), eager);
+  }
+  const std::vector<uint64_t> given = {5, 6, 7};
+  auto g = indexer_internal::BlockKeys::Given(given);
+  EXPECT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[2], 7u);
+  EXPECT_EQ(g.All(), given);
+  EXPECT_TRUE(indexer_internal::BlockKeys::Given({}).All().empty());
 }
 
 TEST(IndexerTest, ScoresByTokensAndHashesWithTierWeights) {
