@@ -72,7 +72,7 @@ struct StreamStatus {
   uint64_t gaps_filled = 0;
   uint64_t batches_lost = 0;
   uint64_t restarts_seen = 0;
-  uint64_t source_clears = 0;  // times this stream caused its source to be cleared
+  uint64_t source_clears = 0;  // times this stream's entries were cleared (restart, lost batches)
   uint64_t decode_errors = 0;
   uint64_t malformed_messages = 0;
   uint64_t apply_errors = 0;

@@ -293,6 +293,8 @@ struct Indexer::Impl {
   void EvictIfNeeded() EXCLUSIVE_LOCKS_REQUIRED(state_mu);
   Result<indexer_internal::BlockKeys> QueryKeys(const ScoreQuery& q, bool* by_engine,
                                                 int64_t* block_size) const;
+  // ClearSource (rank nullopt) and ClearStream.
+  Status Clear(std::string_view source, std::optional<int64_t> rank);
   Result<ScoreResult> ScoreLocked(const ScoreQuery& q, std::vector<uint64_t>* keys_out,
                                   bool* by_engine_out) const
       KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
@@ -1061,11 +1063,17 @@ Status Indexer::Compact(int64_t max_rows) {
   return Status::Ok();
 }
 
-Status Indexer::ClearSource(std::string_view source) {
-  Impl& d = *impl_;
+Status Indexer::ClearSource(std::string_view source) { return impl_->Clear(source, std::nullopt); }
+
+Status Indexer::ClearStream(std::string_view source, int64_t dp_rank) {
+  return impl_->Clear(source, dp_rank);
+}
+
+Status Indexer::Impl::Clear(std::string_view source, std::optional<int64_t> rank) {
+  Impl& d = *this;
   if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
-  MutexLock db(&d.db_mu);
-  MutexLock ingest(&d.ingest_mu);
+  MutexLock db_lock(&d.db_mu);
+  MutexLock ingest_lock(&d.ingest_mu);
   uint32_t sid;
   {
     ReaderLock l(&d.state_mu);
@@ -1074,8 +1082,8 @@ Status Indexer::ClearSource(std::string_view source) {
     sid = it->second;
   }
   KVO_RETURN_IF_ERROR(d.FlushHoldingIngest());
-  // Fold the whole log first: a content key this source's stores gave to blocks that other
-  // sources hold reaches their rows (the keyless back-fill) before this source's rows go.
+  // Fold the whole log first: a content key this stream's stores gave to blocks that other
+  // streams hold reaches their rows (the keyless back-fill) before this stream's rows go.
   while (d.log_rows > 0) {
     int64_t folded = 0;
     KVO_RETURN_IF_ERROR(d.CompactChunk(d.opt.compact_chunk_rows, &folded));
@@ -1084,16 +1092,17 @@ Status Indexer::ClearSource(std::string_view source) {
   KVO_RETURN_IF_ERROR(Exec(d.db, "BEGIN IMMEDIATE", d.path));
   Status s;
   int64_t log_deleted = 0;
-  for (const char* sql :
-       {"DELETE FROM blocks WHERE source_id = ?", "DELETE FROM event_log WHERE source_id = ?",
-        "DELETE FROM streams WHERE source_id = ?"}) {
+  for (const char* table : {"blocks", "event_log", "streams"}) {
+    const std::string sql = std::string("DELETE FROM ") + table + " WHERE source_id = ?" +
+                            (rank.has_value() ? " AND dp_rank = ?" : "");
     Stmt st;
-    s = st.Prepare(d.db, sql);
+    s = st.Prepare(d.db, sql.c_str());
     if (!s.ok()) break;
     st.Int(1, sid);
+    if (rank.has_value()) st.Int(2, *rank);
     s = StepDone(d.db, st, d.path, "clearing a source");
     if (!s.ok()) break;
-    if (std::strstr(sql, "event_log")) log_deleted = sqlite3_changes(d.db);
+    if (std::strcmp(table, "event_log") == 0) log_deleted = sqlite3_changes(d.db);
   }
   if (s.ok()) s = Exec(d.db, "COMMIT", d.path);
   if (!s.ok()) {
@@ -1104,11 +1113,16 @@ Status Indexer::ClearSource(std::string_view source) {
   d.log_rows_pending = d.log_rows;
   WriterLock l(&d.state_mu);
   // The callback runs under this lock; pointers keep the analysis from asking for it again.
-  const MemoryIndex* mem = &d.mem;
-  d.mem.ClearWhere([mem, sid](uint32_t inst) { return mem->InstanceSource(inst) == sid; },
-                   UINT32_MAX);
+  const MemoryIndex* index = &d.mem;
+  d.mem.ClearWhere(
+      [index, sid, rank](uint32_t inst) {
+        return index->InstanceSource(inst) == sid &&
+               (!rank.has_value() || index->InstanceRank(inst) == *rank);
+      },
+      UINT32_MAX);
   for (auto it = d.streams.begin(); it != d.streams.end();) {
-    it = it->first.first == sid ? d.streams.erase(it) : std::next(it);
+    const bool match = it->first.first == sid && (!rank.has_value() || it->first.second == *rank);
+    it = match ? d.streams.erase(it) : std::next(it);
   }
   ++d.counters.source_clears;
   return Status::Ok();

@@ -189,7 +189,7 @@ struct IndexerCounters {
   int64_t removals = 0;           // removed hashes that were held
   int64_t unknown_removals = 0;   // removals of hashes not held (ignored)
   int64_t clears = 0;             // AllBlocksCleared applied
-  int64_t source_clears = 0;      // ClearSource calls
+  int64_t source_clears = 0;      // ClearSource and ClearStream calls
   int64_t placeholders_resolved = 0;
   int64_t placeholders_unresolved = 0;  // indexed by engine hash only
   int64_t unresolved_parents = 0;       // self-describing events whose parent's content was unknown
@@ -254,6 +254,9 @@ class Indexer {
   // publisher restart or a replay that cannot reach back. Durable at return. The next batch of
   // any sequence is applied. Unknown source: Ok (nothing to do).
   Status ClearSource(std::string_view source);
+  // The same for one stream (source, dp_rank): its sibling ranks keep their entries and
+  // checkpoints. Unknown stream: Ok.
+  Status ClearStream(std::string_view source, int64_t dp_rank);
 
   // Last applied sequence of a stream; NotFound when nothing was applied (new or cleared).
   // After a restart this is the durable checkpoint: resume replay from LastSequence + 1.

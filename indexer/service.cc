@@ -25,8 +25,6 @@ std::vector<double> LatencyBuckets() {
 struct SourceState {
   SourceConfig config;
   std::unique_ptr<HashParityDoctor> doctor;
-  Mutex mu;  // serialises ApplyBatch/ClearSource of the source's streams
-  uint64_t generation GUARDED_BY(mu) = 0;
 };
 
 struct StreamMetrics {
@@ -108,11 +106,10 @@ struct IndexerService::Impl {
   void RunStream(StreamState* s);
   // Waits up to `ms` unless stopping; false when stopping.
   bool WaitFor(int64_t ms);
-  // A loss (restart, unrecoverable gap) on stream `s`: clear the source when the stream holds
-  // anything. Updates *my_generation.
-  void HandleLoss(StreamState* s, const std::string& why, uint64_t* my_generation);
-  // Applies one batch; false when the source was cleared by a sibling (resubscribe).
-  bool Apply(StreamState* s, const ReceivedBatch& b, uint64_t* my_generation);
+  // A loss (restart, unrecoverable gap) on stream `s`: clear the stream when it holds anything.
+  void HandleLoss(StreamState* s, const std::string& why);
+  // Applies one batch (errors are counted and logged).
+  void Apply(StreamState* s, const ReceivedBatch& b);
   HttpResponse Score(const HttpRequest& r, bool explain);
   // Keeps the instances of `wanted` sources, adds zero entries for their streams the index has
   // not seen, and sorts best first.
@@ -227,21 +224,16 @@ Status IndexerService::Impl::RegisterStream(StreamState* s) {
   return Status::Ok();
 }
 
-void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why,
-                                      uint64_t* my_generation) {
-  SourceState* src = s->source;
-  MutexLock lock(&src->mu);
+void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why) {
   auto last = index->LastSequence(s->stream.source, s->stream.dp_rank);
   if (!last.ok() && last.status().code() == StatusCode::kNotFound) {
-    // The stream holds nothing (new, or its source was just cleared): nothing is stale.
+    // The stream holds nothing (new, or just cleared): nothing is stale.
     KVO_LOG_INFO("source '{}' rank {}: {}; the stream holds nothing yet, nothing to clear",
                  s->stream.source, s->stream.dp_rank, why);
-    *my_generation = src->generation;
     return;
   }
-  Status st = index->ClearSource(s->stream.source);
-  ++src->generation;
-  *my_generation = src->generation;
+  // Only this stream's entries are stale: its sibling ranks keep theirs.
+  Status st = index->ClearStream(s->stream.source, s->stream.dp_rank);
   s->metrics.clears->Increment();
   {
     MutexLock slock(&s->mu);
@@ -251,17 +243,17 @@ void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why,
   }
   if (st.ok()) {
     KVO_LOG_WARN(
-        "source '{}' rank {}: {}: cleared the source's entries (last applied seq {}); rebuilding "
+        "source '{}' rank {}: {}: cleared the stream's entries (last applied seq {}); rebuilding "
         "from what follows",
         s->stream.source, s->stream.dp_rank, why,
         last.ok() ? std::to_string(*last) : last.status().ToString());
   } else {
-    KVO_LOG_ERROR("source '{}' rank {}: {}: clearing the source failed: {}", s->stream.source,
+    KVO_LOG_ERROR("source '{}' rank {}: {}: clearing the stream failed: {}", s->stream.source,
                   s->stream.dp_rank, why, st.ToString());
   }
 }
 
-bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_t* my_generation) {
+void IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b) {
   SourceState* src = s->source;
   if (b.batch.data_parallel_rank && *b.batch.data_parallel_rank != s->stream.dp_rank &&
       !s->rank_mismatch_logged) {
@@ -271,12 +263,8 @@ bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_
         "under rank {} (the endpoint's)",
         s->stream.source, s->stream.dp_rank, *b.batch.data_parallel_rank, s->stream.dp_rank);
   }
-  Result<ApplyOutcome> outcome = Status::Internal("not applied");
-  {
-    MutexLock lock(&src->mu);
-    if (src->generation != *my_generation) return false;
-    outcome = index->ApplyBatch(s->stream.source, s->stream.dp_rank, b.seq, b.batch);
-  }
+  Result<ApplyOutcome> outcome =
+      index->ApplyBatch(s->stream.source, s->stream.dp_rank, b.seq, b.batch);
   if (!outcome.ok()) {
     s->metrics.apply_errors->Increment();
     KVO_LOG_ERROR("source '{}' rank {}: batch seq {} not applied: {}", s->stream.source,
@@ -284,7 +272,7 @@ bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_
     MutexLock lock(&s->mu);
     ++s->status.apply_errors;
     s->status.last_error = outcome.status().ToString();
-    return true;
+    return;
   }
   if (outcome->applied) {
     if (src->doctor) src->doctor->Check(b.batch);  // once per batch, not per replay overlap
@@ -301,16 +289,10 @@ bool IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b, uint64_
   s->status.last_seq = b.seq;
   s->last_batch_ts = b.batch.ts;
   s->last_activity_ns = clock->MonotonicNanos();
-  return true;
 }
 
 void IndexerService::Impl::RunStream(StreamState* s) {
   const SourceConfig& cfg = s->source->config;
-  uint64_t my_generation;
-  {
-    MutexLock lock(&s->source->mu);
-    my_generation = s->source->generation;
-  }
   int64_t backoff_ms = config.retry_initial_ms;
   const int64_t start_ns = clock->MonotonicNanos();
   int64_t next_silence_log_ns = start_ns + config.silent_after_ms * 1'000'000;
@@ -373,7 +355,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
         switch (n.kind) {
           case NoticeKind::kPublisherRestart:
             pending.clear();  // anything pending belonged to the old stream
-            HandleLoss(s, "publisher restart (" + n.detail + ")", &my_generation);
+            HandleLoss(s, "publisher restart (" + n.detail + ")");
             break;
           case NoticeKind::kGapUnrecoverable:
             if (n.from_seq == n.to_seq) {
@@ -415,35 +397,15 @@ void IndexerService::Impl::RunStream(StreamState* s) {
       // Losses are handled in sequence order: before the first batch at or past their end.
       for (auto it = pending.begin(); it != pending.end();) {
         if (!batch || batch->seq >= it->to_seq) {
-          HandleLoss(s,
-                     "batches [" + std::to_string(it->from_seq) + ", " +
-                         std::to_string(it->to_seq) + ") lost (" + it->detail + ")",
-                     &my_generation);
+          HandleLoss(s, "batches [" + std::to_string(it->from_seq) + ", " +
+                            std::to_string(it->to_seq) + ") lost (" + it->detail + ")");
           it = pending.erase(it);
         } else {
           ++it;
         }
       }
-      {
-        MutexLock lock(&s->source->mu);
-        if (s->source->generation != my_generation) resubscribe = true;
-      }
-      if (resubscribe) {
-        KVO_LOG_INFO(
-            "source '{}' rank {}: the source was cleared by a sibling rank; "
-            "resubscribing from scratch",
-            s->stream.source, s->stream.dp_rank);
-        MutexLock lock(&s->source->mu);
-        my_generation = s->source->generation;
-        break;
-      }
       if (batch) {
-        if (!Apply(s, *batch, &my_generation)) {
-          MutexLock lock(&s->source->mu);
-          my_generation = s->source->generation;
-          resubscribe = true;
-          break;
-        }
+        Apply(s, *batch);
       } else {
         // Silence: report it (error log at growing intervals) while the subscriber keeps trying.
         int64_t now_ns = clock->MonotonicNanos();

@@ -10,16 +10,14 @@
 // everything the publisher still has for a stream the index does not know.
 //
 // Losses: a publisher restart, or batches that replay could not supply (replay window exceeded,
-// no replay endpoint), make the stream's entries stale: the source is cleared (ClearSource) and
-// rebuilt from what follows. Clearing a source clears all its ranks, so the sibling streams of a
-// multi-rank source resubscribe from scratch (a per-source generation counter tells them); a
-// stream that holds nothing (no checkpoint) never clears. Malformed messages and batches that do
-// not decode are counted, logged with the source name and skipped; the source is kept.
+// no replay endpoint), make the stream's entries stale: that stream is cleared (ClearStream) and
+// rebuilt from what follows; its sibling ranks keep their entries and carry on. A stream that
+// holds nothing (no checkpoint) never clears. Malformed messages and batches that do not decode
+// are counted, logged with the source name and skipped; the source is kept.
 //
-// Locking: each source has a mutex serialising its streams' ApplyBatch/ClearSource with the
-// generation check (so a sibling never applies a batch into a source cleared under it); each
-// stream's status has its own mutex; HTTP handlers read statuses and call the Indexer's
-// thread-safe readers. Lock order: source mutex, then stream status mutex.
+// Locking: a stream's thread alone applies and clears that stream (the Indexer is thread-safe);
+// each stream's status has its own mutex; HTTP handlers read statuses and call the Indexer's
+// thread-safe readers.
 #pragma once
 
 #include <memory>

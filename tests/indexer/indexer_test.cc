@@ -323,12 +323,15 @@ struct Model {
       }
     }
   }
-  void ClearSource(const std::string& src) {
+  // rank -1: every rank of the source (ClearSource); else one stream (ClearStream).
+  void Clear(const std::string& src, int64_t rank) {
     for (auto it = refs.begin(); it != refs.end();) {
-      it = it->first.source == src ? refs.erase(it) : std::next(it);
+      const bool match = it->first.source == src && (rank < 0 || it->first.rank == rank);
+      it = match ? refs.erase(it) : std::next(it);
     }
     for (auto it = seqs.begin(); it != seqs.end();) {
-      it = it->first.first == src ? seqs.erase(it) : std::next(it);
+      const bool match = it->first.first == src && (rank < 0 || it->first.second == rank);
+      it = match ? seqs.erase(it) : std::next(it);
     }
     Gc();
   }
@@ -440,10 +443,12 @@ TEST(IndexerPropertyTest, RandomStreamsMatchModelAcrossReopenAndCompaction) {
     const int64_t rank = static_cast<int64_t>(rng() % 2);
     const int kind = static_cast<int>(rng() % 100);
     if (kind < 2) {
-      ASSERT_TRUE(idx->ClearSource(src).ok());
-      model.ClearSource(src);
+      // Clear the whole source or just this stream (its sibling rank must keep everything).
+      const int64_t which = kind == 0 ? -1 : rank;
+      ASSERT_TRUE((which < 0 ? idx->ClearSource(src) : idx->ClearStream(src, rank)).ok());
+      model.Clear(src, which);
       for (auto& [k, v] : next_seq) {
-        if (k.first == src) v = 0;
+        if (k.first == src && (which < 0 || k.second == which)) v = 0;
       }
       continue;
     }
