@@ -1,0 +1,94 @@
+#include "manager/offload_stack.h"
+
+#include <string>
+#include <utility>
+
+#include "common/logging.h"
+#include "manager/fs_transport.h"
+#include "manager/indexed_tier.h"
+
+namespace kvo {
+namespace {
+
+Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
+  const OffloadConfig& c = o.config;
+  const OffloadGeometry& g = o.geometry;
+  if (g.num_blocks == 0 || g.row_bytes == 0) {
+    return Status::InvalidArgument(
+        "offload stack: the geometry gives no CPU blocks (cpu_bytes_to_use " +
+        std::to_string(c.cpu_bytes_to_use) + ", row of " + std::to_string(g.row_bytes) + " bytes)");
+  }
+  if (o.cpu_rows.row_stride != g.row_bytes || o.cpu_rows.num_slots < g.num_blocks) {
+    return Status::InvalidArgument(
+        "offload stack: the CPU rows (" + std::to_string(o.cpu_rows.num_slots) + " of " +
+        std::to_string(o.cpu_rows.row_stride) + " bytes) do not hold the geometry's " +
+        std::to_string(g.num_blocks) + " rows of " + std::to_string(g.row_bytes) + " bytes");
+  }
+  ManagerOptions m;
+  m.num_blocks = g.num_blocks;
+  m.eviction_policy = c.eviction_policy;
+  m.store_threshold = c.store_threshold;
+  m.max_tracker_size = static_cast<size_t>(c.max_tracker_size);
+  m.enable_events = o.enable_kv_cache_events;
+  m.self_describing_events = c.self_describing_kv_events;
+  m.publisher = o.publisher;
+  m.journal = o.journal;
+  m.clock = o.clock;
+  m.data_parallel_rank = o.data_parallel_rank;
+  m.track_blocks = o.track_blocks;
+  if (c.spec != OffloadSpec::kTiering) return m;  // vLLM ignores secondary_tiers then
+
+  for (size_t i = 0; i < c.secondary_tiers.size(); ++i) {
+    const SecondaryTierConfig& t = c.secondary_tiers[i];
+    const std::string where = "secondary_tiers[" + std::to_string(i) + "]";
+    if (t.type != "fs") {
+      return Status::InvalidArgument(where + ": tier type '" + t.type +
+                                     "' is not implemented by kvo (supported: fs)");
+    }
+    FsTierOptions fo;
+    fo.root_dir = t.fs.root_dir;
+    fo.fields = o.run;
+    fo.fields.blocks_per_file = static_cast<uint32_t>(g.blocks_per_chunk);
+    fo.n_read_threads = static_cast<int>(t.fs.n_read_threads);
+    fo.n_write_threads = static_cast<int>(t.fs.n_write_threads);
+    Result<std::shared_ptr<FsTransport>> transport = FsTransport::Create(fo, o.cpu_rows);
+    if (!transport.ok()) {
+      return Status(transport.status().code(),
+                    where + " (root_dir '" + t.fs.root_dir + "'): " + transport.status().message());
+    }
+    IndexedTierOptions to;
+    to.name = "fs";
+    if (t.fs.locality) to.locality = std::string(TierLocalityName(*t.fs.locality));
+    to.enable_kv_events = t.fs.enable_kv_events && o.enable_kv_cache_events;
+    if (t.fs.enable_kv_events && !o.enable_kv_cache_events) {
+      KVO_LOG_WARN(
+          "{}: enable_kv_events is set but KV cache events are disabled globally; the tier "
+          "publishes nothing",
+          where);
+    }
+    to.max_bytes = t.fs.max_bytes;
+    to.block_bytes = g.row_bytes;
+    to.async_lookup = true;  // vLLM's FS tier checks files on its pool: RETRY, then the verdict
+    Result<std::unique_ptr<IndexedTier>> tier = IndexedTier::Create(to, *std::move(transport));
+    if (!tier.ok()) {
+      return Status(tier.status().code(), where + ": " + tier.status().message());
+    }
+    m.secondary_tiers.push_back(std::shared_ptr<IndexedTier>(std::move(tier).value()));
+  }
+  return m;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<OffloadManager>> BuildOffloadManager(const OffloadStackOptions& options) {
+  KVO_ASSIGN_OR_RETURN(ManagerOptions m, StackManagerOptions(options));
+  return OffloadManager::Create(std::move(m));
+}
+
+Result<std::unique_ptr<OffloadManager>> RecoverOffloadManager(const OffloadStackOptions& options,
+                                                              Journal& journal) {
+  KVO_ASSIGN_OR_RETURN(ManagerOptions m, StackManagerOptions(options));
+  return OffloadManager::Recover(std::move(m), journal);
+}
+
+}  // namespace kvo

@@ -1,0 +1,56 @@
+// OffloadStack: an OffloadManager assembled from what a vLLM user configures — the parsed
+// `kv_connector_extra_config` (manager/config.h) and the geometry it implies — over the engine's
+// CPU rows:
+//   CPU tier      geometry.num_blocks slots, eviction_policy, store_threshold / max_tracker_size,
+//                 events when the global enable_kv_cache_events is on, self-describing form when
+//                 self_describing_kv_events is set
+//   secondary     (TieringOffloadingSpec only; vLLM ignores the list for the CPU spec) each `fs`
+//                 entry in order: an IndexedTier over the file tier (FsTransport) in vLLM's layout
+//                 under root_dir, with its read/write thread counts, locality, vLLM's asynchronous
+//                 lookup (RETRY, then the verdict after the step), events when the tier's
+//                 enable_kv_events and the global flag are both on (vLLM warns and emits nothing
+//                 otherwise), and kvo's max_bytes bound (0: unbounded, as vLLM)
+// Errors name what does not fit (rows smaller than the geometry, an unknown tier type, a file
+// tier that cannot open its root). Thread-compatible (the manager's rule).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "common/clock.h"
+#include "common/result.h"
+#include "events/journal.h"
+#include "events/zmq_publisher.h"
+#include "manager/config.h"
+#include "manager/offload_manager.h"
+#include "transfer/fs_namespace.h"
+#include "transfer/kv_layout.h"
+
+namespace kvo {
+
+struct OffloadStackOptions {
+  OffloadConfig config;      // ParseOffloadConfig
+  OffloadGeometry geometry;  // ComputeOffloadGeometry(config, the engine's KvGeometry)
+  // The CPU tier's rows: at least geometry.num_blocks of geometry.row_bytes each (pinned memory in
+  // an engine; any host memory here).
+  HostRegion cpu_rows;
+  // The run identity the file tier's directory digest is computed from (model, dtype, groups,
+  // parallelism); blocks_per_file is taken from the geometry.
+  FsRunFields run;
+  bool enable_kv_cache_events = false;  // the global --kv-events-config flag
+  // As ManagerOptions: where PublishEvents goes, batch clock, DP rank, per-slot key tracking.
+  EventPublisher* publisher = nullptr;
+  Journal* journal = nullptr;
+  Clock* clock = nullptr;
+  std::optional<int64_t> data_parallel_rank;
+  bool track_blocks = false;
+};
+
+// A fresh manager (the file tiers index what their directories already hold, announcing nothing).
+Result<std::unique_ptr<OffloadManager>> BuildOffloadManager(const OffloadStackOptions& options);
+// After a restart: the same stack, then OffloadManager::Recover from `journal` (CPU blocks
+// announced removed, file tiers reconciled with their directories).
+Result<std::unique_ptr<OffloadManager>> RecoverOffloadManager(const OffloadStackOptions& options,
+                                                              Journal& journal);
+
+}  // namespace kvo

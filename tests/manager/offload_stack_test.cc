@@ -1,0 +1,203 @@
+// The manager as a vLLM user configures it: a `--kv-transfer-config` JSON with
+// TieringOffloadingSpec and an fs secondary tier, parsed, sized by the geometry and assembled over
+// real CPU rows and a real directory. Checks what the config promises: the CPU tier's size, the
+// cascade to files in vLLM's layout, vLLM's asynchronous secondary lookup (RETRY, then a
+// promotion), the tier's locality and events under the global flag, kvo's max_bytes bound, the CPU
+// spec ignoring secondary_tiers, and errors that name the problem.
+#include "manager/offload_stack.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "manager/event_fold.h"
+#include "manager/secondary_tier.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+constexpr uint64_t kRow = 4096;
+
+OffloadKey K(int i) { return OffloadKey::FromDigest("stack-block-" + std::to_string(i), 0); }
+
+RequestContext Ctx() {
+  RequestContext c;
+  c.req_id = "r";
+  return c;
+}
+
+size_t FilesUnder(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().extension() == ".bin") ++n;
+  }
+  return n;
+}
+
+class OffloadStackTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mem_ = static_cast<uint8_t*>(std::aligned_alloc(4096, 8 * kRow));
+    std::memset(mem_, 0, 8 * kRow);
+    disk_ = dir_.path() + "/disk";
+    std::filesystem::create_directory(disk_);  // the file tier never creates its root
+  }
+  void TearDown() override { std::free(mem_); }
+
+  // 4 CPU blocks of one 4 KiB row; a file tier bounded to `disk_blocks` rows.
+  std::string Json(const std::string& spec, int disk_blocks, const std::string& root) const {
+    return R"({"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": ")" +
+           spec + R"(", "cpu_bytes_to_use": 16384, "eviction_policy": "arc",
+        "secondary_tiers": [{"type": "fs", "root_dir": ")" +
+           root + R"(", "n_read_threads": 2, "n_write_threads": 2, "enable_kv_events": true,
+          "locality": "LOCAL", "max_bytes": )" +
+           std::to_string(disk_blocks * kRow) + "}]}}";
+  }
+
+  Result<OffloadStackOptions> Options(const std::string& json, bool global_events = true,
+                                      uint64_t rows = 4) {
+    KvGeometry kv;
+    kv.worker_kv_bytes_per_block = kRow;
+    KVO_ASSIGN_OR_RETURN(OffloadConfig config, ParseOffloadConfig(json, kv));
+    KVO_ASSIGN_OR_RETURN(OffloadGeometry geometry, ComputeOffloadGeometry(config, kv));
+    OffloadStackOptions o;
+    o.config = std::move(config);
+    o.geometry = geometry;
+    o.cpu_rows = HostRegion{reinterpret_cast<uintptr_t>(mem_), rows, kRow};
+    o.run.model_name = "stack-test-model";
+    o.enable_kv_cache_events = global_events;
+    o.journal = journal_.get();
+    return o;
+  }
+
+  void OpenJournal() {
+    JournalOptions jo;
+    jo.dir = dir_.path() + "/journal";
+    auto j = Journal::Open(jo);
+    ASSERT_TRUE(j.ok()) << j.status().ToString();
+    journal_ = std::move(j).value();
+  }
+
+  void Store(OffloadManager& m, int i) {
+    const OffloadKey k = K(i);
+    auto out = m.PrepareStore(std::span<const OffloadKey>(&k, 1), Ctx());
+    ASSERT_TRUE(out.ok() && out->has_value()) << i;
+    for (int32_t slot : (*out)->slots) std::memset(mem_ + slot * kRow, i, kRow);
+    ASSERT_TRUE(m.CompleteStore(std::span<const OffloadKey>(&k, 1), Ctx(), true).ok());
+    Step(m);
+  }
+  // One scheduler step with the disk I/O it started waited for.
+  static void Step(OffloadManager& m) {
+    m.OnScheduleEnd();
+    for (size_t t = 0; t < m.num_secondary_tiers(); ++t) m.secondary_tier(t).DrainJobs();
+    m.OnScheduleEnd();
+    ASSERT_TRUE(m.PublishEvents().ok());
+  }
+
+  testing::TempDir dir_;
+  std::string disk_;
+  uint8_t* mem_ = nullptr;
+  std::unique_ptr<Journal> journal_;
+};
+
+TEST_F(OffloadStackTest, TieringConfigBuildsTheCpuTierAndABoundedAsyncFileTier) {
+  OpenJournal();
+  auto o = Options(Json("TieringOffloadingSpec", 2, disk_));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->geometry.num_blocks, 4u);
+  auto m = BuildOffloadManager(*o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ((*m)->num_secondary_tiers(), 1u);
+  EXPECT_EQ((*m)->secondary_tier(0).name(), "fs");
+  EXPECT_EQ((*m)->secondary_tier(0).locality(), std::optional<std::string>("LOCAL"));
+  for (int i = 0; i < 3; ++i) Store(**m, i);
+  EXPECT_EQ(FilesUnder(disk_), 2u);  // max_bytes holds two rows: the tier evicted one file
+
+  // Consumers saw CPU and STORAGE announcements (the tier's events under the global flag).
+  auto fold = ReplayJournal(*journal_);
+  ASSERT_TRUE(fold.ok()) << fold.status().ToString();
+  EXPECT_EQ(fold->Chunks(kMediumCpu).size(), 3u);
+  EXPECT_EQ(fold->Chunks(kMediumStorage).size(), 2u);
+
+  // A second engine over the same directory finds the files; its lookups are vLLM's async ones.
+  m->reset();
+  std::memset(mem_, 0, 8 * kRow);
+  auto fresh = BuildOffloadManager(*o);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  const OffloadKey k2 = K(2);
+  EXPECT_EQ((*fresh)->Lookup(k2, Ctx()), LookupResult::kRetry);  // the check starts
+  (*fresh)->OnScheduleEnd();
+  EXPECT_EQ((*fresh)->Lookup(k2, Ctx()), LookupResult::kHitPending);  // verdict: promote
+  Step(**fresh);
+  ASSERT_EQ((*fresh)->Lookup(k2, Ctx()), LookupResult::kHit);
+  auto slots = (*fresh)->PrepareLoad(std::span<const OffloadKey>(&k2, 1), Ctx());
+  ASSERT_TRUE(slots.ok());
+  EXPECT_EQ(mem_[(*slots)[0] * kRow + 100], 2);  // the bytes came back from the file
+}
+
+TEST_F(OffloadStackTest, CpuSpecIgnoresSecondaryTiersAsVllmDoes) {
+  auto o = Options(Json("CPUOffloadingSpec", 2, disk_));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  auto m = BuildOffloadManager(*o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->num_secondary_tiers(), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(disk_));
+}
+
+TEST_F(OffloadStackTest, GlobalEventsOffSilencesTheTier) {
+  OpenJournal();
+  auto o = Options(Json("TieringOffloadingSpec", 4, disk_), /*global_events=*/false);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  auto m = BuildOffloadManager(*o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Store(**m, 1);
+  EXPECT_EQ(FilesUnder(disk_), 1u);  // the data still cascades
+  auto fold = ReplayJournal(*journal_);
+  ASSERT_TRUE(fold.ok());
+  EXPECT_TRUE(fold->Chunks(kMediumCpu).empty());
+  EXPECT_TRUE(fold->Chunks(kMediumStorage).empty());
+}
+
+TEST_F(OffloadStackTest, RecoverReconcilesWithTheDirectory) {
+  OpenJournal();
+  auto o = Options(Json("TieringOffloadingSpec", 4, disk_));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  {
+    auto m = BuildOffloadManager(*o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    for (int i = 0; i < 2; ++i) Store(**m, i);
+  }
+  auto r = RecoverOffloadManager(*o, *journal_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto fold = ReplayJournal(*journal_);
+  ASSERT_TRUE(fold.ok());
+  EXPECT_TRUE(fold->Chunks(kMediumCpu).empty());       // volatile: announced removed
+  EXPECT_EQ(fold->Chunks(kMediumStorage).size(), 2u);  // the files survived
+}
+
+TEST_F(OffloadStackTest, ErrorsNameWhatDoesNotFit) {
+  auto small = Options(Json("TieringOffloadingSpec", 2, disk_), true, /*rows=*/2);
+  ASSERT_TRUE(small.ok());
+  auto m = BuildOffloadManager(*small);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("CPU rows (2 of 4096 bytes)"), std::string::npos)
+      << m.status().ToString();
+
+  const std::string file = dir_.path() + "/not-a-dir";
+  std::ofstream(file) << "x";
+  auto bad = Options(Json("TieringOffloadingSpec", 2, file));
+  ASSERT_TRUE(bad.ok());
+  auto m2 = BuildOffloadManager(*bad);
+  ASSERT_FALSE(m2.ok());
+  EXPECT_NE(m2.status().message().find("secondary_tiers[0] (root_dir '" + file + "')"),
+            std::string::npos)
+      << m2.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvo
