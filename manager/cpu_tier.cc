@@ -124,6 +124,29 @@ int32_t CpuTier::AllocateSlot() {
   return slot;
 }
 
+size_t CpuTier::PrefixLookup(std::span<const OffloadKey> keys, bool* deferred) {
+  *deferred = false;
+  // Two stages ahead of the lookup: index slots kSlotAhead keys ahead, nodes kNodeAhead ahead.
+  constexpr size_t kSlotAhead = 8;
+  constexpr size_t kNodeAhead = 4;
+  const size_t n = keys.size();
+  if (fast_table_ != nullptr) {
+    for (size_t j = 0; j < std::min(n, kSlotAhead); ++j)
+      fast_table_->Prefetch(policy_internal::HashKey(keys[j]));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (fast_table_ != nullptr) {
+      if (i + kSlotAhead < n) fast_table_->Prefetch(policy_internal::HashKey(keys[i + kSlotAhead]));
+      if (i + kNodeAhead < n)
+        fast_table_->PrefetchNode(policy_internal::HashKey(keys[i + kNodeAhead]));
+    }
+    const LookupResult r = Lookup(keys[i]);
+    if (r == LookupResult::kMiss) return i;
+    if (r != LookupResult::kHit) *deferred = true;
+  }
+  return n;
+}
+
 bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput* out) {
   out->keys_to_store.clear();
   out->slots.clear();

@@ -63,6 +63,11 @@ class CpuTier {
     ++hits_;
     return block->ready() ? LookupResult::kHit : LookupResult::kHitPending;
   }
+  // Lookup of keys[0], keys[1], ... up to and including the first MISS (each counted for
+  // store_threshold exactly as by Lookup); the index slots and nodes of the keys ahead are
+  // prefetched so their misses overlap. Returns the number of keys before that MISS; *deferred is
+  // set when one of them was HIT_PENDING.
+  size_t PrefixLookup(std::span<const OffloadKey> keys, bool* deferred);
   // Appends each key's slot to *slots (key order) and pins them. Nothing changes on error.
   Status PrepareLoad(std::span<const OffloadKey> keys, std::vector<int32_t>* slots);
   void Touch(std::span<const OffloadKey> keys) { policy_->Touch(keys); }

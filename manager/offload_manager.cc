@@ -99,6 +99,22 @@ LookupResult OffloadManager::Lookup(const OffloadKey& key, const RequestContext&
   return impl_->TieredLookup(key, ctx);
 }
 
+OffloadManager::PrefixLookupResult OffloadManager::MaximalPrefixLookup(
+    std::span<const OffloadKey> keys, const RequestContext& ctx) {
+  PrefixLookupResult out;
+  if (impl_->tiers.empty()) {
+    out.hits = impl_->cpu.PrefixLookup(keys, &out.deferred);
+    return out;
+  }
+  for (const OffloadKey& key : keys) {
+    const LookupResult r = impl_->TieredLookup(key, ctx);
+    if (r == LookupResult::kMiss) break;
+    if (r != LookupResult::kHit) out.deferred = true;
+    ++out.hits;
+  }
+  return out;
+}
+
 Result<std::vector<int32_t>> OffloadManager::PrepareLoad(std::span<const OffloadKey> keys,
                                                          const RequestContext& /*ctx*/) {
   Impl& m = *impl_;

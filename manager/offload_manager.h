@@ -247,6 +247,18 @@ class OffloadManager {
   // the secondary tiers in order (a HIT starts a promotion: HIT_PENDING, or MISS when the CPU tier
   // cannot make room), else RETRY if a tier said so, else MISS.
   LookupResult Lookup(const OffloadKey& key, const RequestContext& ctx);
+  // The scheduler's maximal prefix lookup over a request's chunk keys (vLLM's
+  // `_maximal_prefix_lookup` for full-attention groups): Lookup of each key in order until the
+  // first MISS (which is looked up too, so store_threshold counts exactly as the per-key loop);
+  // HIT and HIT_PENDING count, RETRY keeps scanning. `hits`: keys before that MISS; `deferred`:
+  // one of them was HIT_PENDING or RETRY (vLLM answers "ask again next step"). Same effects as
+  // calling Lookup per key; without secondary tiers the keys ahead are prefetched.
+  struct PrefixLookupResult {
+    size_t hits = 0;
+    bool deferred = false;
+  };
+  PrefixLookupResult MaximalPrefixLookup(std::span<const OffloadKey> keys,
+                                         const RequestContext& ctx);
   // Pins every key (ref_cnt++) and returns their slots in key order. FailedPrecondition naming the
   // key when one is missing or not ready; nothing changes then.
   Result<std::vector<int32_t>> PrepareLoad(std::span<const OffloadKey> keys,

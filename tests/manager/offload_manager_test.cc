@@ -642,3 +642,62 @@ TEST_P(BothPoliciesTest, RandomOperationsKeepInvariants) {
 
 }  // namespace
 }  // namespace kvo
+
+namespace kvo {
+namespace {
+
+// MaximalPrefixLookup (prefetching prefix scan) against the per-key Lookup loop it replaces, on
+// two managers driven by the same random stores, completions and failures: same hit counts,
+// same deferral, and — through store_threshold's tracker — the same later prepare_store answers.
+TEST(OffloadManagerPrefixLookupTest, EqualsThePerKeyLoopIncludingThresholdCounting) {
+  const unsigned seed = kvo::testing::TestSeed();
+  std::mt19937 rng(seed);
+  int scans_with_hits = 0, deferred_scans = 0;
+  for (const char* policy : {"lru", "arc"}) {
+    auto a = Make(24, policy, /*store_threshold=*/2, /*max_tracker_size=*/40);
+    auto b = Make(24, policy, 2, 40);
+    for (int step = 0; step < 600; ++step) {
+      std::vector<OffloadKey> keys;
+      const int start = static_cast<int>(rng() % 60);
+      const int len = 1 + static_cast<int>(rng() % 12);
+      for (int i = 0; i < len; ++i) keys.push_back(K(start + i));
+      const int op = static_cast<int>(rng() % 3);
+      if (op == 0) {
+        // The scheduler's scan vs the loop.
+        const auto fast = a->MaximalPrefixLookup(keys, kCtx);
+        size_t hits = 0;
+        bool deferred = false;
+        for (const OffloadKey& k : keys) {
+          const LookupResult r = b->Lookup(k, kCtx);
+          if (r == LookupResult::kMiss) break;
+          deferred |= r != LookupResult::kHit;
+          ++hits;
+        }
+        ASSERT_EQ(fast.hits, hits) << policy << " step " << step << " seed " << seed;
+        ASSERT_EQ(fast.deferred, deferred) << policy << " step " << step << " seed " << seed;
+        scans_with_hits += hits > 0 ? 1 : 0;
+        deferred_scans += deferred ? 1 : 0;
+      } else {
+        auto sa = a->PrepareStore(keys, kCtx);
+        auto sb = b->PrepareStore(keys, kCtx);
+        ASSERT_TRUE(sa.ok() && sb.ok());
+        ASSERT_EQ(sa->has_value(), sb->has_value())
+            << policy << " step " << step << " seed " << seed;
+        if (!sa->has_value()) continue;
+        ASSERT_EQ((*sa)->keys_to_store, (*sb)->keys_to_store) << "seed " << seed;
+        ASSERT_EQ((*sa)->slots, (*sb)->slots) << "seed " << seed;
+        if (op == 1 || rng() % 4 != 0) {  // most stores complete (a few stay pending)
+          const bool ok = rng() % 8 != 0;
+          ASSERT_TRUE(a->CompleteStore((*sa)->keys_to_store, kCtx, ok).ok());
+          ASSERT_TRUE(b->CompleteStore((*sb)->keys_to_store, kCtx, ok).ok());
+        }
+      }
+    }
+  }
+  // The walk covered hits and pending blocks, not just misses.
+  EXPECT_GT(scans_with_hits, 20) << "seed " << seed;
+  EXPECT_GT(deferred_scans, 2) << "seed " << seed;
+}
+
+}  // namespace
+}  // namespace kvo
