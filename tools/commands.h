@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 #include "common/status.h"
 
 namespace kvo::cli {
@@ -16,6 +18,10 @@ void AddPlanCommand(CLI::App& app);     // kvo plan
 void AddManagerCommand(CLI::App& app);  // kvo manager ops
 void AddFsCommand(CLI::App& app);       // kvo fs scan|verify|du
 void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
+
+// kvo demo's second part (tools/demo_pipeline.cc): two engines, offload tiers, events, indexer,
+// router query, restart; working files under `dir`.
+Status RunPipelineDemo(const std::string& dir);
 
 void SetExitCode(int code);
 // Prints "kvo: <status>" to stderr and records exit code 1 (2 for invalid arguments).

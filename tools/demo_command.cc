@@ -2,6 +2,7 @@
 // emits vLLM-format batches (GPU prefix-cache stores with real vLLM block hashes, CPU offload
 // placeholders, evictions, a clear); a subscriber joins late and catches up by replay (beyond the
 // in-memory ring, from the journal), then follows live; every batch arrives once, in order.
+// Part 2 (tools/demo_pipeline.cc) runs the whole pipeline: offload tiers, events, the indexer.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -131,13 +132,15 @@ Status RunDemo(int batches, bool json) {
       static_cast<unsigned long long>(ps.replay_from_journal),
       static_cast<unsigned long long>(ss.batches_lost));
   if (ss.batches_lost != 0 || received != batches) return Status::Internal("demo lost batches");
-  return Status::Ok();
+  return RunPipelineDemo(dir);
 }
 
 }  // namespace
 
 void AddDemoCommand(CLI::App& app) {
-  auto* cmd = app.add_subcommand("demo", "Publisher -> subscriber tour of the KV-event bus");
+  auto* cmd = app.add_subcommand(
+      "demo",
+      "The KV-event bus, then the whole pipeline: offload tiers, events, indexer, router query");
   auto batches = std::make_shared<int>(12);
   auto json = std::make_shared<bool>(false);
   cmd->add_option("--batches", *batches, "how many batches to publish")

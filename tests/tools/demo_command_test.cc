@@ -1,0 +1,45 @@
+// `kvo demo` (the README's main job) runs end to end: the bus tour loses nothing, and the
+// pipeline part serves both engines with every loaded block verified, the indexer's hash parity
+// ok for both sources, the router's answer naming the engine that holds the conversation, and
+// the restarted manager's CPU blocks gone from that answer. Runs the real binary.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "tests/testing/child_process.h"
+
+namespace kvo {
+namespace {
+
+bool Has(const std::string& out, const std::string& what) {
+  return out.find(what) != std::string::npos;
+}
+
+TEST(DemoCommandTest, RunsThePipelineEndToEnd) {
+  const testing::CommandResult r = testing::RunCommand({KVO_BINARY, "demo"});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(Has(r.out, "0 lost")) << r.out;
+  for (const char* engine : {"engine-a", "engine-b"}) {
+    EXPECT_TRUE(Has(r.out, std::string("# ") + engine + ": 15 requests")) << r.out;
+    EXPECT_TRUE(Has(r.out, std::string("indexer source ") + engine + ": hash parity ok")) << r.out;
+  }
+  EXPECT_TRUE(Has(r.out, "every loaded block verified")) << r.out;
+  // Conversation 0 lives on engine-a: its whole history (58 blocks), on three tiers.
+  const size_t answer = r.out.find("engine-a  prefix  58 blocks");
+  ASSERT_NE(answer, std::string::npos) << r.out;
+  const std::string first = r.out.substr(answer, r.out.find('\n', answer) - answer);
+  EXPECT_TRUE(Has(first, "CPU=")) << first;
+  EXPECT_TRUE(Has(first, "STORAGE=58")) << first;
+  EXPECT_TRUE(Has(r.out, "engine-b  prefix   8 blocks")) << r.out;  // the shared system prompt
+  // After the restart, engine-a's answer has no CPU blocks left.
+  const size_t restart = r.out.find("restarted");
+  ASSERT_NE(restart, std::string::npos) << r.out;
+  const size_t after = r.out.find("engine-a  prefix", restart);
+  ASSERT_NE(after, std::string::npos) << r.out;
+  const std::string line = r.out.substr(after, r.out.find('\n', after) - after);
+  EXPECT_FALSE(Has(line, "CPU=")) << line;
+  EXPECT_TRUE(Has(line, "STORAGE=58")) << line;
+}
+
+}  // namespace
+}  // namespace kvo
