@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,23 +24,55 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe
     ADD_FAILURE() << "pipe: " << std::strerror(errno);
     return;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (stdin_pipe) {
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_addclose(&actions, in[1]);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  }
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  posix_spawn_file_actions_addclose(&actions, err[0]);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const int rc = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  // fork + exec rather than posix_spawn: the child asks to be killed when this process dies
+  // (PR_SET_PDEATHSIG), so a test aborted by a sanitizer or a crash leaves no daemon behind. The
+  // child runs only async-signal-safe calls; an exec failure comes back through a CLOEXEC pipe.
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+    return;
+  }
+  const pid_t parent = ::getpid();
+  const int null_fd = stdin_pipe ? -1 : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
+    ::dup2(stdin_pipe ? in[0] : null_fd, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    if (stdin_pipe) {
+      ::close(in[0]);
+      ::close(in[1]);
+    }
+    ::close(out[0]);
+    ::close(out[1]);
+    ::close(err[0]);
+    ::close(err[1]);
+    ::execve(args[0], args.data(), environ);
+    const int e = errno;
+    (void)!::write(report[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  ::close(report[1]);
+  if (null_fd >= 0) ::close(null_fd);
+  int rc = pid_ < 0 ? errno : 0;
+  if (pid_ > 0) {
+    int child_errno = 0;
+    ssize_t n;
+    do {
+      n = ::read(report[0], &child_errno, sizeof child_errno);
+    } while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(sizeof child_errno)) {
+      rc = child_errno;
+      int st;
+      ::waitpid(pid_, &st, 0);
+    }
+  }
+  ::close(report[0]);
   if (stdin_pipe) ::close(in[0]);
   ::close(out[1]);
   ::close(err[1]);
@@ -48,7 +80,7 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe
   out_fd_ = out[0];
   err_fd_ = err[0];
   if (rc != 0) {
-    ADD_FAILURE() << "posix_spawn " << argv[0] << ": " << std::strerror(rc);
+    ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(rc);
     pid_ = -1;
   }
 }

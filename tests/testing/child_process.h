@@ -17,7 +17,9 @@ using SteadyClock = std::chrono::steady_clock;
 class ChildProcess {
  public:
   // Starts argv[0] (a path) with argv. Stdin is /dev/null, or with `stdin_pipe` a pipe the test
-  // writes with WriteStdin (closed by Wait). A failure to start is a test failure.
+  // writes with WriteStdin (closed by Wait). A failure to start is a test failure. The child is
+  // SIGKILLed when the creating *thread* ends (PR_SET_PDEATHSIG), so a test process that aborts
+  // leaves no daemon behind: create children on the test's main thread.
   explicit ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe = false);
   // SIGKILLs and reaps the child if it is still running, so a failed assertion leaves nothing.
   ~ChildProcess();
