@@ -342,6 +342,15 @@ Result<std::unique_ptr<OffloadMetricsExporter>> OffloadMetricsExporter::Create(
   return e;
 }
 
+void OffloadMetricsExporter::RecordTransfer(const TransferResult& r) {
+  if (!r.success) return;
+  const bool store = r.direction == TransferDirection::kGpuToCpu;
+  OffloadMetrics& m = metrics_;
+  (store ? m.store_bytes : m.load_bytes)->Increment(static_cast<double>(r.bytes));
+  (store ? m.store_time : m.load_time)->Increment(r.seconds);
+  (store ? m.store_size : m.load_size)->Observe(static_cast<double>(r.bytes));
+}
+
 Status OffloadMetricsExporter::Export(const ManagerStats& s) {
   const ManagerStats& l = last_;
   OffloadMetrics& m = metrics_;

@@ -22,6 +22,7 @@
 #include "common/metrics.h"
 #include "common/result.h"
 #include "manager/offload_manager.h"
+#include "transfer/transfer_engine.h"
 
 namespace kvo {
 
@@ -185,8 +186,9 @@ Result<OffloadMetrics> RegisterOffloadMetrics(MetricsRegistry* registry,
 //
 // Fed from ManagerStats: allocation_failure, the CPU usage gauges, cpu_allocation_size,
 // stores_skipped, and the whole tiering family except read/write bytes and time (the transfer
-// engine's to feed through metrics().ForTier). The connector's load/store and lookup-delay
-// families belong to the connector (the engine side) and stay registered but unfed here.
+// engine's to feed through metrics().ForTier). The connector's load/store families are fed by
+// RecordTransfer with each finished GPU<->CPU transfer (vLLM's worker-side stats); its
+// lookup-delay histograms stay registered but unfed.
 //
 // Thread-compatible: call Export from the thread that owns the manager (rendering may run
 // anywhere: the registry is thread-safe).
@@ -195,6 +197,10 @@ class OffloadMetricsExporter {
   static Result<std::unique_ptr<OffloadMetricsExporter>> Create(
       MetricsRegistry* registry, const OffloadMetricsOptions& options);
   Status Export(const ManagerStats& stats);
+  // One finished transfer between the engine's KV cache and the CPU tier: a store (GPU -> CPU)
+  // adds to store_bytes / store_time / store_size, a load (CPU -> GPU) to the load families, as
+  // vLLM's connector does per transfer. Failed transfers are not counted (vLLM counts successes).
+  void RecordTransfer(const TransferResult& result);
   const OffloadMetrics& metrics() const { return metrics_; }
 
  private:

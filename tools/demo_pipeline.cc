@@ -22,6 +22,7 @@
 #include "events/events.h"
 #include "indexer/client.h"
 #include "indexer/service.h"
+#include "manager/metrics.h"
 #include "manager/offload_stack.h"
 #include "manager/secondary_tier.h"
 #include "tools/commands.h"
@@ -91,6 +92,7 @@ class Engine {
   const Counts& counts() const { return counts_; }
   EventPublisher& publisher() { return *publisher_; }
   OffloadManager& manager() { return *manager_; }
+  MetricsRegistry& metrics() { return metrics_; }
 
   // Serves one request: GPU prefix hit, then the offload tiers, then prefill of the rest; offloads
   // what it computed; publishes the step's events.
@@ -156,7 +158,7 @@ class Engine {
         req.segments.push_back({Row(slots[j]), Gpu(gpu_ids[gpu_hit + j]), kBlockBytes});
       }
       KVO_ASSIGN_OR_RETURN(TransferJobId job, engine_->Submit(std::move(req)));
-      KVO_RETURN_IF_ERROR(engine_->Wait(job));
+      KVO_RETURN_IF_ERROR(Finish(job));
       for (size_t j = 0; j < slots.size(); ++j) {
         if (!BlockIs(keys[gpu_hit + j].Wire(), GpuPtr(gpu_ids[gpu_hit + j]))) {
           return Status::Corruption(req_id + ": block " + keys[gpu_hit + j].Hex() +
@@ -202,7 +204,7 @@ class Engine {
                                   Row(out->slots[j]), kBlockBytes});
         }
         KVO_ASSIGN_OR_RETURN(TransferJobId job, engine_->Submit(std::move(req)));
-        const Status copied = engine_->Wait(job);
+        const Status copied = Finish(job);
         KVO_RETURN_IF_ERROR(manager_->CompleteStore(out->keys_to_store, ctx, copied.ok()));
         KVO_RETURN_IF_ERROR(copied);
         counts_.bytes_offloaded += out->keys_to_store.size() * kBlockBytes;
@@ -252,6 +254,10 @@ class Engine {
     po.journal = journal_.get();  // batches are journaled before they are sent
     KVO_ASSIGN_OR_RETURN(publisher_, CreateEventPublisher(events_, 0, po));
     KVO_ASSIGN_OR_RETURN(manager_, BuildOffloadManager(StackOptions()));
+    OffloadMetricsOptions mo;
+    mo.engine_labels = {{"engine", name_}};
+    mo.tiering = true;
+    KVO_ASSIGN_OR_RETURN(exporter_, OffloadMetricsExporter::Create(&metrics_, mo));
     return Status::Ok();
   }
 
@@ -271,7 +277,17 @@ class Engine {
     for (size_t t = 0; t < manager_->num_secondary_tiers(); ++t) {
       manager_->secondary_tier(t).DrainJobs();  // a real engine polls; the demo waits
     }
-    return manager_->PublishEvents();
+    KVO_RETURN_IF_ERROR(manager_->PublishEvents());
+    return exporter_->Export(manager_->GetStats());
+  }
+
+  // Waits for a transfer and feeds its result to the connector's metrics.
+  Status Finish(TransferJobId job) {
+    const Status s = engine_->Wait(job);
+    finished_.clear();
+    engine_->GetFinished(&finished_);
+    for (const TransferResult& r : finished_) exporter_->RecordTransfer(r);
+    return s;
   }
 
   // Lookups the file tier answered HIT (each starts a promotion into the CPU tier).
@@ -333,6 +349,9 @@ class Engine {
   std::unique_ptr<Journal> journal_;
   std::unique_ptr<EventPublisher> publisher_;
   std::unique_ptr<OffloadManager> manager_;
+  MetricsRegistry metrics_;  // what the engine's /metrics would serve
+  std::unique_ptr<OffloadMetricsExporter> exporter_;
+  std::vector<TransferResult> finished_;
   // GPU prefix cache: wire hash -> (block id, position in the LRU list).
   std::list<uint64_t> lru_;
   std::unordered_map<uint64_t, std::pair<uint32_t, std::list<uint64_t>::iterator>> gpu_;
@@ -369,6 +388,15 @@ Status WaitForIndexer(IndexerService& service, std::vector<std::unique_ptr<Engin
     }
   }
   return Status::Ok();
+}
+
+std::vector<std::string> SplitMetricLines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out.push_back(text.substr(start, nl - start));
+  }
+  return out;
 }
 
 void PrintScore(const ScoreResult& r, const char* what) {
@@ -434,6 +462,17 @@ Status RunPipelineDemo(const std::string& dir) {
         (unsigned long long)k.deferred_steps, double(k.bytes_loaded) / (1 << 20),
         double(k.bytes_offloaded) / (1 << 20), (unsigned long long)k.verified,
         (unsigned long long)s.evictions);
+  }
+
+  // What engine-a's /metrics shows (vLLM's names; a few of the families).
+  std::printf("# engine-a metrics (Prometheus text, vLLM's names), a selection:\n");
+  for (const std::string& line : SplitMetricLines(engines[0]->metrics().RenderPrometheus())) {
+    for (const char* want :
+         {"vllm:kv_offload_store_bytes_total", "vllm:kv_offload_load_bytes_total",
+          "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_tiering_block_hits_total",
+          "kvo:offload_events_total"}) {
+      if (line.rfind(want, 0) == 0) std::printf("#   %s\n", line.c_str());
+    }
   }
 
   // A router asks: where should conversation 0's next turn go?

@@ -274,3 +274,42 @@ TEST(MetricsExportTest, HistogramAddBucketedChecksTheSize) {
 
 }  // namespace
 }  // namespace kvo
+
+namespace kvo {
+namespace {
+
+// The connector's transfer families, fed per finished transfer (vLLM's worker-side stats): stores
+// are GPU -> CPU, loads CPU -> GPU; sizes land in vLLM's 1e6 .. 2e8 byte buckets (values render as
+// prometheus_client writes them: 4e+06); failures do not count.
+TEST(MetricsExportTest, TransfersFeedTheConnectorFamilies) {
+  MetricsRegistry registry;
+  auto exporter = OffloadMetricsExporter::Create(&registry, {});
+  ASSERT_TRUE(exporter.ok()) << exporter.status().ToString();
+  OffloadMetricsExporter& e = **exporter;
+  TransferResult store;
+  store.direction = TransferDirection::kGpuToCpu;
+  store.success = true;
+  store.bytes = 2'000'000;
+  store.seconds = 0.25;
+  e.RecordTransfer(store);
+  e.RecordTransfer(store);
+  TransferResult load = store;
+  load.direction = TransferDirection::kCpuToGpu;
+  load.bytes = 500'000;
+  load.seconds = 0.5;
+  e.RecordTransfer(load);
+  TransferResult failed = load;
+  failed.success = false;
+  e.RecordTransfer(failed);
+  const std::string text = registry.RenderPrometheus();
+  ExpectSample(text, "vllm:kv_offload_store_bytes_total 4e+06");
+  ExpectSample(text, "vllm:kv_offload_store_time_total 0.5");
+  ExpectSample(text, "vllm:kv_offload_store_size_count 2.0");
+  ExpectSample(text, "vllm:kv_offload_load_bytes_total 500000.0");
+  ExpectSample(text, "vllm:kv_offload_load_time_total 0.5");
+  ExpectSample(text, "vllm:kv_offload_load_size_count 1.0");
+  ExpectSample(text, "vllm:kv_offload_load_size_bucket{le=\"1e+06\"} 1.0");
+}
+
+}  // namespace
+}  // namespace kvo
