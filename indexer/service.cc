@@ -43,6 +43,42 @@ struct StreamMetrics {
   Gauge* connected = nullptr;
 };
 
+// The per-stream families (labels source, dp_rank): one row each.
+struct StreamCounterRow {
+  const char* name;
+  const char* help;
+  Counter* StreamMetrics::*handle;
+};
+constexpr StreamCounterRow kStreamCounters[] = {
+    {"kvo_indexer_batches_applied", "Event batches applied", &StreamMetrics::batches},
+    {"kvo_indexer_block_events_applied", "Block hashes in applied events",
+     &StreamMetrics::block_events},
+    {"kvo_indexer_gaps_filled", "Sequence gaps filled by replay", &StreamMetrics::gaps_filled},
+    {"kvo_indexer_batches_lost", "Batches replay could not supply", &StreamMetrics::batches_lost},
+    {"kvo_indexer_publisher_restarts", "Publisher restarts detected", &StreamMetrics::restarts},
+    {"kvo_indexer_source_clears",
+     "Times the stream's entries were cleared after a loss (restart, lost batches)",
+     &StreamMetrics::clears},
+    {"kvo_indexer_decode_errors", "Batches that failed to decode (skipped)",
+     &StreamMetrics::decode_errors},
+    {"kvo_indexer_malformed_messages", "Malformed bus messages (dropped)",
+     &StreamMetrics::malformed},
+    {"kvo_indexer_apply_errors", "Batches the index refused", &StreamMetrics::apply_errors},
+    {"kvo_indexer_unknown_removals", "Removals of hashes the stream did not hold",
+     &StreamMetrics::unknown_removals},
+};
+struct StreamGaugeRow {
+  const char* name;
+  const char* help;
+  Gauge* StreamMetrics::*handle;
+};
+constexpr StreamGaugeRow kStreamGauges[] = {
+    {"kvo_indexer_last_sequence", "Last applied sequence", &StreamMetrics::last_seq},
+    {"kvo_indexer_lag_seconds", "Now minus the timestamp of the last applied batch",
+     &StreamMetrics::lag},
+    {"kvo_indexer_connected", "1 while the stream is answering", &StreamMetrics::connected},
+};
+
 struct StreamState {
   SourceState* source = nullptr;
   SourceStream stream;
@@ -83,23 +119,10 @@ struct IndexerService::Impl {
   Gauge* log_rows_pending = nullptr;
   Gauge* sqlite_bytes = nullptr;
 
-  struct StreamFamilies {
-    CounterFamily* batches;
-    CounterFamily* block_events;
-    CounterFamily* gaps_filled;
-    CounterFamily* batches_lost;
-    CounterFamily* restarts;
-    CounterFamily* clears;
-    CounterFamily* decode_errors;
-    CounterFamily* malformed;
-    CounterFamily* apply_errors;
-    CounterFamily* unknown_removals;
-    GaugeFamily* last_seq;
-    GaugeFamily* lag;
-    GaugeFamily* connected;
-  };
-  StreamFamilies families{};
-  bool families_registered = false;
+  // The per-stream families, in the order of kStreamCounters / kStreamGauges (registered with
+  // the first stream).
+  std::vector<CounterFamily*> stream_counters;
+  std::vector<GaugeFamily*> stream_gauges;
 
   Status RegisterMetrics();
   Status RegisterStream(StreamState* s);
@@ -161,66 +184,24 @@ Status IndexerService::Impl::RegisterMetrics() {
 }
 
 Status IndexerService::Impl::RegisterStream(StreamState* s) {
-  if (!families_registered) {
-    StreamFamilies f{};
-    const std::vector<std::string> labels = {"source", "dp_rank"};
-    KVO_ASSIGN_OR_RETURN(f.batches, metrics.AddCounterFamily("kvo_indexer_batches_applied",
-                                                             "Event batches applied", labels));
-    KVO_ASSIGN_OR_RETURN(f.block_events,
-                         metrics.AddCounterFamily("kvo_indexer_block_events_applied",
-                                                  "Block hashes in applied events", labels));
-    KVO_ASSIGN_OR_RETURN(f.gaps_filled,
-                         metrics.AddCounterFamily("kvo_indexer_gaps_filled",
-                                                  "Sequence gaps filled by replay", labels));
-    KVO_ASSIGN_OR_RETURN(f.batches_lost,
-                         metrics.AddCounterFamily("kvo_indexer_batches_lost",
-                                                  "Batches replay could not supply", labels));
-    KVO_ASSIGN_OR_RETURN(f.restarts,
-                         metrics.AddCounterFamily("kvo_indexer_publisher_restarts",
-                                                  "Publisher restarts detected", labels));
-    KVO_ASSIGN_OR_RETURN(f.clears,
-                         metrics.AddCounterFamily("kvo_indexer_source_clears",
-                                                  "Sources cleared after a loss", labels));
-    KVO_ASSIGN_OR_RETURN(f.decode_errors, metrics.AddCounterFamily(
-                                              "kvo_indexer_decode_errors",
-                                              "Batches that failed to decode (skipped)", labels));
-    KVO_ASSIGN_OR_RETURN(f.malformed,
-                         metrics.AddCounterFamily("kvo_indexer_malformed_messages",
-                                                  "Malformed bus messages (dropped)", labels));
-    KVO_ASSIGN_OR_RETURN(
-        f.apply_errors,
-        metrics.AddCounterFamily("kvo_indexer_apply_errors", "Batches the index refused", labels));
-    KVO_ASSIGN_OR_RETURN(
-        f.unknown_removals,
-        metrics.AddCounterFamily("kvo_indexer_unknown_removals",
-                                 "Removals of hashes the stream did not hold", labels));
-    KVO_ASSIGN_OR_RETURN(f.last_seq, metrics.AddGaugeFamily("kvo_indexer_last_sequence",
-                                                            "Last applied sequence", labels));
-    KVO_ASSIGN_OR_RETURN(
-        f.lag, metrics.AddGaugeFamily("kvo_indexer_lag_seconds",
-                                      "Now minus the timestamp of the last applied batch", labels));
-    KVO_ASSIGN_OR_RETURN(
-        f.connected,
-        metrics.AddGaugeFamily("kvo_indexer_connected", "1 while the stream is answering", labels));
-    families = f;
-    families_registered = true;
+  const std::vector<std::string> labels = {"source", "dp_rank"};
+  if (stream_counters.empty()) {
+    for (const StreamCounterRow& row : kStreamCounters) {
+      KVO_ASSIGN_OR_RETURN(CounterFamily * f, metrics.AddCounterFamily(row.name, row.help, labels));
+      stream_counters.push_back(f);
+    }
+    for (const StreamGaugeRow& row : kStreamGauges) {
+      KVO_ASSIGN_OR_RETURN(GaugeFamily * f, metrics.AddGaugeFamily(row.name, row.help, labels));
+      stream_gauges.push_back(f);
+    }
   }
-  StreamFamilies& f = families;
-  std::vector<std::string> v = {s->stream.source, std::to_string(s->stream.dp_rank)};
-  StreamMetrics& m = s->metrics;
-  KVO_ASSIGN_OR_RETURN(m.batches, f.batches->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.block_events, f.block_events->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.gaps_filled, f.gaps_filled->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.batches_lost, f.batches_lost->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.restarts, f.restarts->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.clears, f.clears->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.decode_errors, f.decode_errors->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.malformed, f.malformed->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.apply_errors, f.apply_errors->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.unknown_removals, f.unknown_removals->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.last_seq, f.last_seq->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.lag, f.lag->WithLabels(v));
-  KVO_ASSIGN_OR_RETURN(m.connected, f.connected->WithLabels(v));
+  const std::vector<std::string> v = {s->stream.source, std::to_string(s->stream.dp_rank)};
+  for (size_t i = 0; i < std::size(kStreamCounters); ++i) {
+    KVO_ASSIGN_OR_RETURN(s->metrics.*kStreamCounters[i].handle, stream_counters[i]->WithLabels(v));
+  }
+  for (size_t i = 0; i < std::size(kStreamGauges); ++i) {
+    KVO_ASSIGN_OR_RETURN(s->metrics.*kStreamGauges[i].handle, stream_gauges[i]->WithLabels(v));
+  }
   return Status::Ok();
 }
 
