@@ -31,22 +31,6 @@ double Since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-class Scratch {
- public:
-  Scratch() {
-    std::string tmpl = "/tmp/kvo-fs-bench-XXXXXX";
-    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~Scratch() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 void DropFromCache(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
@@ -93,7 +77,7 @@ struct FsCase {
 
 // Returns {tier write s, tier read s, plain write s, plain read s} (best of `reps`), or empty.
 std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
-  Scratch scratch;
+  ScratchDir scratch("fs-bench");
   if (scratch.path().empty()) return {};
   const uint64_t total = c.block_bytes * c.blocks;
   uint8_t* mem = static_cast<uint8_t*>(std::aligned_alloc(4096, total));

@@ -30,18 +30,6 @@ size_t HeapInUse() {
   return m.uordblks + m.hblkhd;
 }
 
-struct TempDirectory {
-  std::string path;
-  TempDirectory() {
-    std::string t = (std::filesystem::temp_directory_path() / "kvo-bench-indexer-XXXXXX").string();
-    if (mkdtemp(t.data()) != nullptr) path = t;
-  }
-  ~TempDirectory() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
-  }
-};
-
 IndexerOptions BenchOptionsFor() {
   IndexerOptions o;
   o.background_thread = false;
@@ -80,8 +68,8 @@ std::vector<EventBatch> IngestBatches(size_t n_batches) {
 }
 
 int IngestCase(const BenchOptions& o) {
-  TempDirectory dir;
-  if (dir.path.empty()) return 1;
+  ScratchDir dir("bench-indexer");
+  if (dir.path().empty()) return 1;
   const size_t n_batches = o.quick ? 2000 : 40000;
   const auto batches = IngestBatches(n_batches);
   size_t block_events = 0;
@@ -92,7 +80,7 @@ int IngestCase(const BenchOptions& o) {
   io.background_thread = true;
   io.flush_interval_ms = 10;
   io.compact_min_log_rows = int64_t{1} << 40;  // compaction measured separately below
-  auto idx = Indexer::Open(dir.path + "/ingest.db", io);
+  auto idx = Indexer::Open(dir.path() + "/ingest.db", io);
   if (!idx.ok()) {
     std::fprintf(stderr, "indexer bench: %s\n", idx.status().ToString().c_str());
     return 1;
@@ -109,7 +97,7 @@ int IngestCase(const BenchOptions& o) {
   {
     IndexerOptions bo = BenchOptionsFor();
     bo.flush_max_events = size_t{1} << 40;
-    auto split = Indexer::Open(dir.path + "/split.db", bo);
+    auto split = Indexer::Open(dir.path() + "/split.db", bo);
     if (!split.ok()) return 1;
     const auto a0 = Clk::now();
     for (size_t i = 0; i < batches.size(); ++i) {
@@ -128,7 +116,7 @@ int IngestCase(const BenchOptions& o) {
 
   // Baseline: one autocommit INSERT per block event, WAL + synchronous=NORMAL, random hash key.
   sqlite3* db = nullptr;
-  const std::string base_path = dir.path + "/baseline.db";
+  const std::string base_path = dir.path() + "/baseline.db";
   if (sqlite3_open(base_path.c_str(), &db) != SQLITE_OK) return 1;
   sqlite3_exec(db,
                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; CREATE TABLE blocks(hash "
@@ -231,12 +219,12 @@ ScoringSetup BuildScoring(Indexer& idx, size_t n_sources, size_t n_blocks, size_
 }
 
 int ScoreCase(const BenchOptions& o) {
-  TempDirectory dir;
-  if (dir.path.empty()) return 1;
+  ScratchDir dir("bench-indexer");
+  if (dir.path().empty()) return 1;
   const size_t n_sources = 100;
   const size_t n_blocks = 8192;
   const size_t noise = o.quick ? 512 : 8192;
-  const std::string path = dir.path + "/score.db";
+  const std::string path = dir.path() + "/score.db";
   auto opened = Indexer::Open(path, BenchOptionsFor());
   if (!opened.ok()) {
     std::fprintf(stderr, "indexer bench: %s\n", opened.status().ToString().c_str());

@@ -44,23 +44,6 @@ std::string MakePayload(int blocks, bool with_tokens) {
   return EncodeBatch(batch);
 }
 
-// A scratch directory under /tmp, removed with its contents.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = "/tmp/kvo-journal-bench-XXXXXX";
-    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // The baseline: the same bytes through a 64 KiB user-space buffer and write(), rolling to a new
 // file every kSegmentBytes (and deleting the old one, as the journal bench compacts).
 class PlainWriter {
@@ -119,7 +102,7 @@ int RunAppendCase(const BenchOptions& options, int blocks) {
   const std::string payload = MakePayload(blocks, /*with_tokens=*/blocks > 1);
   const std::string name = "journal_append_" + std::to_string(blocks) + "_block" +
                            (blocks == 1 ? "" : "s") + "_fsync_never";
-  ScratchDir scratch;
+  ScratchDir scratch("journal-bench");
   if (scratch.path().empty()) {
     std::fprintf(stderr, "%s: cannot create a directory under /tmp\n", name.c_str());
     return 1;
@@ -199,7 +182,7 @@ int RunReplayCase(const BenchOptions& options) {
   const int blocks = 16;
   const std::string payload = MakePayload(blocks, /*with_tokens=*/true);
   const std::string name = "journal_replay_16_blocks";
-  ScratchDir scratch;
+  ScratchDir scratch("journal-bench");
   if (scratch.path().empty()) return 1;
   JournalOptions jo;
   jo.dir = scratch.path() + "/journal";

@@ -270,16 +270,9 @@ int RunRecover(const std::string& policy, const BenchOptions& o) {
   const size_t capacity = o.quick ? 20000 : 200000;
   const size_t blocks = o.quick ? 100000 : 1000000;
   const size_t chunk = 16;
-  std::string tmpl = "/tmp/kvo-manager-bench-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) return 1;
-  const std::string dir = tmpl;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup{dir};
+  ScratchDir scratch("manager-bench");
+  if (scratch.path().empty()) return 1;
+  const std::string& dir = scratch.path();
   JournalOptions jo;
   jo.dir = dir + "/journal";
   jo.segment_bytes = 64ull << 20;
