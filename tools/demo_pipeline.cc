@@ -138,6 +138,7 @@ class Engine {
 
     // 3. GPU blocks for everything past the GPU hit; this request's blocks are pinned.
     std::vector<uint32_t> gpu_ids(n);
+    std::vector<bool> placed(n, false);  // got a GPU block in this request
     for (size_t i = 0; i < gpu_hit; ++i) gpu_ids[i] = Touch(keys[i].Wire());
     EventBatch gpu_events{NowSeconds(), {}, std::nullopt};
     for (size_t i = gpu_hit; i < n; ++i) {
@@ -146,6 +147,7 @@ class Engine {
         continue;
       }
       KVO_ASSIGN_OR_RETURN(gpu_ids[i], AllocateGpu(keys[i].Wire(), keys, &gpu_events));
+      placed[i] = true;
     }
 
     // 4. Load the offloaded hits CPU -> GPU and check every byte.
@@ -175,18 +177,26 @@ class Engine {
     for (size_t i = first_computed; i < n; ++i) FillBlock(keys[i].Wire(), GpuPtr(gpu_ids[i]));
     counts_.computed += n - first_computed;
 
-    // 6. The GPU prefix cache announces what it now holds (vLLM's self-describing GPU events).
-    if (gpu_hit < n) {
+    // 6. The GPU prefix cache announces the blocks it newly holds (vLLM's self-describing GPU
+    // events): one BlockStored per run of them, chained to the block before the run.
+    for (size_t first = gpu_hit; first < n;) {
+      if (!placed[first]) {
+        ++first;
+        continue;
+      }
+      size_t end = first;
+      while (end < n && placed[end]) ++end;
       BlockStored st;
-      for (size_t i = gpu_hit; i < n; ++i) st.block_hashes.push_back(keys[i].EventHash());
-      if (gpu_hit > 0) st.parent_block_hash = keys[gpu_hit - 1].EventHash();
-      st.token_ids.assign(tokens.begin() + static_cast<long>(gpu_hit * kBlockTokens),
-                          tokens.begin() + static_cast<long>(n * kBlockTokens));
+      for (size_t i = first; i < end; ++i) st.block_hashes.push_back(keys[i].EventHash());
+      if (first > 0) st.parent_block_hash = keys[first - 1].EventHash();
+      st.token_ids.assign(tokens.begin() + static_cast<long>(first * kBlockTokens),
+                          tokens.begin() + static_cast<long>(end * kBlockTokens));
       st.block_size = kBlockTokens;
       st.medium = kMediumGpu;
       st.group_idx = 0;
       st.kv_cache_spec_kind = "full_attention";
       gpu_events.events.push_back(std::move(st));
+      first = end;
     }
     KVO_RETURN_IF_ERROR(publisher_->Publish(std::move(gpu_events)));
 

@@ -30,6 +30,9 @@ TEST(DemoCommandTest, RunsThePipelineEndToEnd) {
   const std::string first = r.out.substr(answer, r.out.find('\n', answer) - answer);
   EXPECT_TRUE(Has(first, "CPU=")) << first;
   EXPECT_TRUE(Has(first, "STORAGE=58")) << first;
+  // Of conversation 0, engine-a's GPU still holds only the shared system prompt (its GPU was
+  // refilled by later conversations): the index follows GPU evictions exactly.
+  EXPECT_TRUE(Has(first, "GPU=8 ")) << first;
   EXPECT_TRUE(Has(r.out, "engine-b  prefix   8 blocks")) << r.out;  // the shared system prompt
   // After the restart, engine-a's answer has no CPU blocks left.
   const size_t restart = r.out.find("restarted");
