@@ -45,6 +45,7 @@ void FreeNodes(Node* p) { std::free(p); }
 }  // namespace
 
 NodeTable::NodeTable(uint32_t num_lists, size_t expected_keys) : num_lists_(num_lists) {
+  std::fill(std::begin(recent_), std::end(recent_), kNil);
   KVO_CHECK(num_lists >= 1 && num_lists <= 4);
   KVO_CHECK(expected_keys < kNil - 8);
   seg0_size_ = static_cast<uint32_t>(expected_keys) + num_lists;
@@ -110,6 +111,7 @@ uint32_t NodeTable::Add(const OffloadKey& key, uint64_t hash) {
   Place(i, hash);
   ++count_;
   memo_ = i;
+  recent_[RecentSlot(hash)] = i;
   return i;
 }
 
@@ -154,6 +156,7 @@ void NodeTable::Erase(uint32_t i, uint64_t hash) {
   slots_[pos] = 0;
   --count_;
   if (memo_ == i) memo_ = kNil;
+  if (recent_[RecentSlot(hash)] == i) recent_[RecentSlot(hash)] = kNil;
   n.set_list(kNoList);
   n.status.slot = static_cast<int32_t>(free_head_);
   free_head_ = i;
@@ -164,6 +167,7 @@ void NodeTable::Clear() {
   std::fill_n(slots_.get(), num_slots_, 0u);
   count_ = 0;
   memo_ = kNil;
+  std::fill(std::begin(recent_), std::end(recent_), kNil);
   free_head_ = kNil;
   num_free_ = 0;
   high_water_ = num_lists_;
@@ -239,6 +243,9 @@ Status NodeTable::CheckStructure() const {
   if (indexed != count_) return fail("count does not match the index");
   if (count_ >= num_slots_) return fail("index has no empty slot");
   if (memo_ != kNil && (memo_ >= high_water_ || state[memo_] == 0)) return fail("stale memo");
+  for (uint32_t r : recent_) {
+    if (r != kNil && (r >= high_water_ || state[r] == 0)) return fail("stale recent node");
+  }
   size_t free_count = 0;
   for (uint32_t f = free_head_; f != kNil; f = static_cast<uint32_t>(at(f).status.slot)) {
     if (f < num_lists_ || f >= high_water_ || state[f] != 0) return fail("bad free list");
