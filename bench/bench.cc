@@ -3,24 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
 
 namespace kvo::bench {
-
-ScratchDir::ScratchDir(const std::string& name) {
-  std::string tmpl = "/tmp/kvo-" + name + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-}
-
-ScratchDir::~ScratchDir() {
-  std::error_code ec;
-  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-}
 
 void PrintResult(const BenchResult& r, const BenchOptions& options) {
   double ratio = r.baseline > 0 ? r.value / r.baseline : 0.0;

@@ -32,20 +32,6 @@ void PrintResult(const BenchResult& result, const BenchOptions& options);
 // best-of-3 items per second.
 double MeasureRate(const std::function<void()>& op, double items, double seconds);
 
-// A scratch directory /tmp/kvo-<name>-XXXXXX, removed with its contents; path() is empty when it
-// could not be created.
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name);
-  ~ScratchDir();
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // Percentile (0..100) of a sample (copied and sorted).
 double Percentile(std::vector<double> v, double p);
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "common/file_system.h"
 #include "transfer/transfer.h"
 
 namespace kvo::bench {
@@ -77,7 +78,7 @@ struct FsCase {
 
 // Returns {tier write s, tier read s, plain write s, plain read s} (best of `reps`), or empty.
 std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
-  ScratchDir scratch("fs-bench");
+  ScopedTempDir scratch("fs-bench");
   if (scratch.path().empty()) return {};
   const uint64_t total = c.block_bytes * c.blocks;
   uint8_t* mem = static_cast<uint8_t*>(std::aligned_alloc(4096, total));

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "bench/bench.h"
+#include "common/file_system.h"
 #include "indexer/indexer.h"
 
 namespace kvo::bench {
@@ -68,7 +69,7 @@ std::vector<EventBatch> IngestBatches(size_t n_batches) {
 }
 
 int IngestCase(const BenchOptions& o) {
-  ScratchDir dir("bench-indexer");
+  ScopedTempDir dir("bench-indexer");
   if (dir.path().empty()) return 1;
   const size_t n_batches = o.quick ? 2000 : 40000;
   const auto batches = IngestBatches(n_batches);
@@ -219,7 +220,7 @@ ScoringSetup BuildScoring(Indexer& idx, size_t n_sources, size_t n_blocks, size_
 }
 
 int ScoreCase(const BenchOptions& o) {
-  ScratchDir dir("bench-indexer");
+  ScopedTempDir dir("bench-indexer");
   if (dir.path().empty()) return 1;
   const size_t n_sources = 100;
   const size_t n_blocks = 8192;

@@ -102,7 +102,7 @@ int RunAppendCase(const BenchOptions& options, int blocks) {
   const std::string payload = MakePayload(blocks, /*with_tokens=*/blocks > 1);
   const std::string name = "journal_append_" + std::to_string(blocks) + "_block" +
                            (blocks == 1 ? "" : "s") + "_fsync_never";
-  ScratchDir scratch("journal-bench");
+  ScopedTempDir scratch("journal-bench");
   if (scratch.path().empty()) {
     std::fprintf(stderr, "%s: cannot create a directory under /tmp\n", name.c_str());
     return 1;
@@ -182,7 +182,7 @@ int RunReplayCase(const BenchOptions& options) {
   const int blocks = 16;
   const std::string payload = MakePayload(blocks, /*with_tokens=*/true);
   const std::string name = "journal_replay_16_blocks";
-  ScratchDir scratch("journal-bench");
+  ScopedTempDir scratch("journal-bench");
   if (scratch.path().empty()) return 1;
   JournalOptions jo;
   jo.dir = scratch.path() + "/journal";

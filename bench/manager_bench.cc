@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "bench/bench.h"
+#include "common/file_system.h"
 #include "events/codec.h"
 #include "events/journal.h"
 #include "manager/offload_manager.h"
@@ -270,7 +271,7 @@ int RunRecover(const std::string& policy, const BenchOptions& o) {
   const size_t capacity = o.quick ? 20000 : 200000;
   const size_t blocks = o.quick ? 100000 : 1000000;
   const size_t chunk = 16;
-  ScratchDir scratch("manager-bench");
+  ScopedTempDir scratch("manager-bench");
   if (scratch.path().empty()) return 1;
   const std::string& dir = scratch.path();
   JournalOptions jo;

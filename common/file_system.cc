@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 namespace kvo {
 namespace {
@@ -231,6 +233,18 @@ std::string JoinPath(std::string_view a, std::string_view b) {
   out += '/';
   out += b;
   return out;
+}
+
+ScopedTempDir::ScopedTempDir(std::string_view name) {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/kvo-" +
+                     std::string(name) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+}
+
+ScopedTempDir::~ScopedTempDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
 }
 
 }  // namespace kvo

@@ -72,4 +72,19 @@ FileSystem* DefaultFileSystem();
 // Joins two path parts with exactly one '/'.
 std::string JoinPath(std::string_view a, std::string_view b);
 
+// A fresh directory $TMPDIR/kvo-<name>-XXXXXX ($TMPDIR unset: /tmp), removed with its contents
+// on destruction; path() is empty when it could not be created. For scratch space of tests,
+// benchmarks and the demo, not for anything kvo keeps.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(std::string_view name);
+  ~ScopedTempDir();
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace kvo

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/file_system.h"
 #include "events/events.h"
 #include "tools/commands.h"
 
@@ -14,16 +15,9 @@ namespace kvo::cli {
 namespace {
 
 Status RunDemo(int batches, bool json) {
-  char dir_template[] = "/tmp/kvo-demo-XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) return Status::IOError("cannot create a temp dir");
-  std::string dir = dir_template;
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  ScopedTempDir scratch("demo");
+  if (scratch.path().empty()) return Status::IOError("cannot create a temp dir");
+  const std::string& dir = scratch.path();
 
   // 1. vLLM's chained block hashes for a prompt (sha256_cbor, PYTHONHASHSEED=0, 16-token blocks).
   BlockHashOptions ho;

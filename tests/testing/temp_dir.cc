@@ -8,17 +8,8 @@
 
 namespace kvo::testing {
 
-TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/kvo-test-XXXXXX";
-  char* made = ::mkdtemp(tmpl.data());
-  if (made == nullptr) std::abort();
-  path_ = made;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+TempDir::TempDir() : ScopedTempDir("test") {
+  if (path().empty()) std::abort();
 }
 
 unsigned TestSeed() {

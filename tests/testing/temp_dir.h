@@ -3,18 +3,14 @@
 
 #include <string>
 
+#include "common/file_system.h"
+
 namespace kvo::testing {
 
-class TempDir {
+// Aborts when the directory cannot be created (every test needs it).
+class TempDir : public ScopedTempDir {
  public:
   TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 // Seed for randomised tests: $KVO_TEST_SEED when set, else random; printed so failures replay.
