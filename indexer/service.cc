@@ -43,13 +43,15 @@ struct StreamMetrics {
   Gauge* connected = nullptr;
 };
 
-// The per-stream families (labels source, dp_rank): one row each.
-struct StreamCounterRow {
+// The per-stream families (labels source, dp_rank): one row each, with the StreamMetrics member
+// that holds the stream's series.
+template <class Handle>
+struct StreamRow {
   const char* name;
   const char* help;
-  Counter* StreamMetrics::*handle;
+  Handle* StreamMetrics::*handle;
 };
-constexpr StreamCounterRow kStreamCounters[] = {
+constexpr StreamRow<Counter> kStreamCounters[] = {
     {"kvo_indexer_batches_applied", "Event batches applied", &StreamMetrics::batches},
     {"kvo_indexer_block_events_applied", "Block hashes in applied events",
      &StreamMetrics::block_events},
@@ -67,12 +69,7 @@ constexpr StreamCounterRow kStreamCounters[] = {
     {"kvo_indexer_unknown_removals", "Removals of hashes the stream did not hold",
      &StreamMetrics::unknown_removals},
 };
-struct StreamGaugeRow {
-  const char* name;
-  const char* help;
-  Gauge* StreamMetrics::*handle;
-};
-constexpr StreamGaugeRow kStreamGauges[] = {
+constexpr StreamRow<Gauge> kStreamGauges[] = {
     {"kvo_indexer_last_sequence", "Last applied sequence", &StreamMetrics::last_seq},
     {"kvo_indexer_lag_seconds", "Now minus the timestamp of the last applied batch",
      &StreamMetrics::lag},
@@ -186,11 +183,11 @@ Status IndexerService::Impl::RegisterMetrics() {
 Status IndexerService::Impl::RegisterStream(StreamState* s) {
   const std::vector<std::string> labels = {"source", "dp_rank"};
   if (stream_counters.empty()) {
-    for (const StreamCounterRow& row : kStreamCounters) {
+    for (const StreamRow<Counter>& row : kStreamCounters) {
       KVO_ASSIGN_OR_RETURN(CounterFamily * f, metrics.AddCounterFamily(row.name, row.help, labels));
       stream_counters.push_back(f);
     }
-    for (const StreamGaugeRow& row : kStreamGauges) {
+    for (const StreamRow<Gauge>& row : kStreamGauges) {
       KVO_ASSIGN_OR_RETURN(GaugeFamily * f, metrics.AddGaugeFamily(row.name, row.help, labels));
       stream_gauges.push_back(f);
     }

@@ -126,21 +126,31 @@ int32_t CpuTier::AllocateSlot() {
 
 size_t CpuTier::PrefixLookup(std::span<const OffloadKey> keys, bool* deferred) {
   *deferred = false;
-  // Two stages ahead of the lookup: index slots kSlotAhead keys ahead, nodes kNodeAhead ahead.
+  const size_t n = keys.size();
+  // Built-in policies: two stages ahead of the lookup, index slots kSlotAhead keys ahead and nodes
+  // kNodeAhead ahead. Each key is hashed once, when its slot is prefetched; the ring keeps the
+  // hash until its lookup (kRing > kSlotAhead, so none is overwritten before use).
   constexpr size_t kSlotAhead = 8;
   constexpr size_t kNodeAhead = 4;
-  const size_t n = keys.size();
-  if (fast_table_ != nullptr) {
-    for (size_t j = 0; j < std::min(n, kSlotAhead); ++j)
-      fast_table_->Prefetch(policy_internal::HashKey(keys[j]));
+  constexpr size_t kRing = 16;
+  uint64_t hashes[kRing];
+  const bool fast = fast_table_ != nullptr;
+  auto start = [&](size_t j) {
+    hashes[j % kRing] = policy_internal::HashKey(keys[j]);
+    fast_table_->Prefetch(hashes[j % kRing]);
+  };
+  if (fast) {
+    for (size_t j = 0; j < std::min(n, kSlotAhead); ++j) start(j);
   }
   for (size_t i = 0; i < n; ++i) {
-    if (fast_table_ != nullptr) {
-      if (i + kSlotAhead < n) fast_table_->Prefetch(policy_internal::HashKey(keys[i + kSlotAhead]));
-      if (i + kNodeAhead < n)
-        fast_table_->PrefetchNode(policy_internal::HashKey(keys[i + kNodeAhead]));
+    if (fast) {
+      if (i + kSlotAhead < n) start(i + kSlotAhead);
+      if (i + kNodeAhead < n) fast_table_->PrefetchNode(hashes[(i + kNodeAhead) % kRing]);
     }
-    const LookupResult r = Lookup(keys[i]);
+    if (tracker_ != nullptr) tracker_->Count(keys[i]);  // as Lookup
+    const LookupResult r =
+        Verdict(fast ? fast_table_->PeekStatus(keys[i], hashes[i % kRing], fast_max_list_)
+                     : policy_->Get(keys[i]));
     if (r == LookupResult::kMiss) return i;
     if (r != LookupResult::kHit) *deferred = true;
   }

@@ -54,14 +54,8 @@ class CpuTier {
   LookupResult Lookup(const OffloadKey& key) {
     if (tracker_ != nullptr) tracker_->Count(key);
     // Built-in policies: probe their table directly (same answer as Get, no virtual call).
-    const BlockStatus* block =
-        fast_table_ != nullptr ? fast_table_->PeekStatus(key, fast_max_list_) : policy_->Get(key);
-    if (block == nullptr) {
-      ++misses_;
-      return LookupResult::kMiss;
-    }
-    ++hits_;
-    return block->ready() ? LookupResult::kHit : LookupResult::kHitPending;
+    return Verdict(fast_table_ != nullptr ? fast_table_->PeekStatus(key, fast_max_list_)
+                                          : policy_->Get(key));
   }
   // Lookup of keys[0], keys[1], ... up to and including the first MISS (each counted for
   // store_threshold exactly as by Lookup); the index slots and nodes of the keys ahead are
@@ -101,6 +95,15 @@ class CpuTier {
   size_t num_free() const { return free_list_.size() + num_blocks_ - num_allocated_; }
 
  private:
+  // Counts and classifies a lookup's block (nullptr: absent).
+  LookupResult Verdict(const BlockStatus* block) {
+    if (block == nullptr) {
+      ++misses_;
+      return LookupResult::kMiss;
+    }
+    ++hits_;
+    return block->ready() ? LookupResult::kHit : LookupResult::kHitPending;
+  }
   void RecordAllocation(size_t n);
   // A new event at the end of events_, its keys vector taken from the spare pool.
   OffloadingEvent& NewEvent();

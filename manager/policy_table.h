@@ -153,7 +153,11 @@ class NodeTable {
   // The status of a key whose node is in a list <= max_list (the policy's cached lists), else
   // nullptr. Read-only, no memo: the manager's lookup path.
   const BlockStatus* PeekStatus(const OffloadKey& key, uint32_t max_list) const {
-    const uint32_t i = FindConst(key);
+    return PeekStatus(key, HashKey(key), max_list);
+  }
+  // The same with the key's hash (REQUIRES: hash == HashKey(key)).
+  const BlockStatus* PeekStatus(const OffloadKey& key, uint64_t hash, uint32_t max_list) const {
+    const uint32_t i = FindHashed(key, hash);
     if (i == kNil) return nullptr;
     const Node& n = at(i);
     return n.list() <= max_list ? &n.status : nullptr;
