@@ -37,19 +37,18 @@ bool LongFaultRun() {
 int FaultTrials(int quick, int long_run) { return LongFaultRun() ? long_run : quick; }
 
 void ReportFault(const FaultRecord& r) {
-  std::printf("[ fault ] %s | %s | trials=%lld failures=%lld seed=%llu | %s%s%s\n",
-              r.area.c_str(), r.fault.c_str(), static_cast<long long>(r.trials),
-              static_cast<long long>(r.failures), static_cast<unsigned long long>(r.seed),
-              r.checked.c_str(), r.figures.empty() ? "" : " | ", r.figures.c_str());
+  std::printf("[ fault ] %s | %s | trials=%lld failures=%lld seed=%llu | %s%s%s\n", r.area.c_str(),
+              r.fault.c_str(), static_cast<long long>(r.trials), static_cast<long long>(r.failures),
+              static_cast<unsigned long long>(r.seed), r.checked.c_str(),
+              r.figures.empty() ? "" : " | ", r.figures.c_str());
   const char* dir = std::getenv("KVO_FAULT_REPORT_DIR");
   if (dir == nullptr || *dir == '\0') return;
-  std::string line = "{\"area\":" + JsonString(r.area) + ",\"fault\":" + JsonString(r.fault) +
-                     ",\"trials\":" + std::to_string(r.trials) +
-                     ",\"checked\":" + JsonString(r.checked) +
-                     ",\"failures\":" + std::to_string(r.failures) +
-                     ",\"seed\":" + std::to_string(r.seed) +
-                     ",\"figures\":" + JsonString(r.figures) +
-                     ",\"mode\":" + JsonString(LongFaultRun() ? "long" : "quick") + "}\n";
+  std::string line =
+      "{\"area\":" + JsonString(r.area) + ",\"fault\":" + JsonString(r.fault) +
+      ",\"trials\":" + std::to_string(r.trials) + ",\"checked\":" + JsonString(r.checked) +
+      ",\"failures\":" + std::to_string(r.failures) + ",\"seed\":" + std::to_string(r.seed) +
+      ",\"figures\":" + JsonString(r.figures) +
+      ",\"mode\":" + JsonString(LongFaultRun() ? "long" : "quick") + "}\n";
   std::string path = std::string(dir) + "/faults.jsonl";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return;

@@ -8,13 +8,13 @@
 namespace kvo::testing {
 
 struct FaultRecord {
-  std::string area;     // "indexer", "bus", "file tier", "journal", "http", "engine", "network"
-  std::string fault;    // what was done, e.g. "kill -9 of the indexer mid-apply"
-  int64_t trials = 0;   // how many times
-  std::string checked;  // what was verified after each trial
-  int64_t failures = 0; // trials where the check failed (0 for a passing test)
-  uint64_t seed = 0;    // replay with KVO_TEST_SEED=seed
-  std::string figures;  // optional measured figures, e.g. "healthz p99 3.1 ms"
+  std::string area;      // "indexer", "bus", "file tier", "journal", "http", "engine", "network"
+  std::string fault;     // what was done, e.g. "kill -9 of the indexer mid-apply"
+  int64_t trials = 0;    // how many times
+  std::string checked;   // what was verified after each trial
+  int64_t failures = 0;  // trials where the check failed (0 for a passing test)
+  uint64_t seed = 0;     // replay with KVO_TEST_SEED=seed
+  std::string figures;   // optional measured figures, e.g. "healthz p99 3.1 ms"
 };
 
 // Prints one "[ fault ] ..." line and, when $KVO_FAULT_REPORT_DIR is set, appends the record as
