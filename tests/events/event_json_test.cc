@@ -18,9 +18,6 @@
 namespace kvo {
 namespace {
 
-constexpr uint64_t kH1 = 0xb9807785afee48bbULL;  // 13366815110101616827
-constexpr uint64_t kH2 = 0xcb73eeaed59c009dULL;  // 14660323646696587421
-
 using testing::ReadGolden;
 
 std::string Hex(std::string_view s) { return ToHex(s); }
