@@ -110,7 +110,8 @@ struct GetResult {
   int status = 0;
   std::string body;
 };
-inline GetResult HttpGet(int port, const std::string& path, int timeout_ms = 10'000) {
+inline GetResult HttpGet(int port, const std::string& path, int timeout_ms = 10'000,
+                         const std::string& host = "127.0.0.1") {
   GetResult r;
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return r;
@@ -119,7 +120,10 @@ inline GetResult HttpGet(int port, const std::string& path, int timeout_ms = 10'
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
+    ::close(fd);
+    return r;
+  }
   a.sin_port = htons(static_cast<uint16_t>(port));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
@@ -152,12 +156,13 @@ inline GetResult HttpGet(int port, const std::string& path, int timeout_ms = 10'
 // or CPU, removals of held entries, now and then AllBlocksCleared. Every published batch is kept.
 class ChurnPublisher {
  public:
-  ChurnPublisher(int port, const std::string& journal_dir, uint64_t seed, int pool = 4000)
+  ChurnPublisher(int port, const std::string& journal_dir, uint64_t seed, int pool = 4000,
+                 const std::string& host = "127.0.0.1")
       : rng_(seed), pool_(pool) {
     cfg_.enable_kv_cache_events = true;
     cfg_.publisher = "zmq";
-    cfg_.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
-    cfg_.replay_endpoint = "tcp://127.0.0.1:" + std::to_string(port + 1);
+    cfg_.endpoint = "tcp://" + host + ":" + std::to_string(port);
+    cfg_.replay_endpoint = "tcp://" + host + ":" + std::to_string(port + 1);
     cfg_.journal_dir = journal_dir;
     Open();
   }
@@ -243,9 +248,11 @@ class ChurnPublisher {
   Holdings Expected(uint64_t seq) const {
     std::lock_guard<std::mutex> l(mu_);
     Holdings h;
-    for (uint64_t s = base_; s <= seq && s - base_ < batches_.size(); ++s) Fold(batches_[s - base_], &h);
+    for (uint64_t s = base_; s <= seq && s - base_ < batches_.size(); ++s)
+      Fold(batches_[s - base_], &h);
     return h;
   }
+  const KvEventsConfig& config() const { return cfg_; }
   std::string source_flag(const std::string& name) const {
     return name + "=" + cfg_.endpoint + ",replay=" + *cfg_.replay_endpoint;
   }
@@ -266,10 +273,17 @@ class ChurnPublisher {
 // `kvo index serve` as a child; the HTTP port is read from its listening line.
 class IndexDaemon {
  public:
+  // `prefix`: argv run before kvo (e.g. ip netns exec NS); `host`: the HTTP address's host.
   IndexDaemon(const std::string& db, const std::vector<std::string>& sources,
-              const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {KVO_BINARY, "--log-level", "warn", "index", "serve",
-                                     "--db",     db,          "--http", "127.0.0.1:0"};
+              const std::vector<std::string>& extra = {},
+              const std::vector<std::string>& prefix = {}, const std::string& host = "127.0.0.1")
+      : host_(host) {
+    std::vector<std::string> argv = prefix;
+    for (const std::string& a :
+         std::vector<std::string>{KVO_BINARY, "--log-level", "warn", "index", "serve", "--db", db,
+                                  "--http", host + ":0"}) {
+      argv.push_back(a);
+    }
     for (const std::string& s : sources) {
       argv.push_back("--source");
       argv.push_back(s);
@@ -287,22 +301,31 @@ class IndexDaemon {
   }
   ChildProcess& child() { return *child_; }
   int port() const { return port_; }
+  // GET path on the daemon's HTTP API.
+  GetResult Get(const std::string& path, int timeout_ms = 10'000) {
+    return HttpGet(port_, path, timeout_ms, host_);
+  }
+  // The stream (source, rank 0) of /v1/sources; null when absent or unreachable.
+  nlohmann::json Stream(const std::string& source) {
+    child_->Drain();
+    GetResult r = Get("/v1/sources", 3000);
+    if (r.status != 200) return nullptr;
+    auto j = nlohmann::json::parse(r.body, nullptr, false);
+    if (!j.is_object() || !j.contains("sources")) return nullptr;
+    for (const auto& src : j["sources"]) {
+      if (src.value("name", "") != source) continue;
+      for (const auto& st : src["streams"]) return st;
+    }
+    return nullptr;
+  }
   pid_t pid() const { return child_->pid(); }
 
   // last_sequence of stream (source, rank 0) in /v1/sources; nullopt when none or unreachable.
   std::optional<uint64_t> LastSequence(const std::string& source) {
-    child_->Drain();
-    GetResult r = HttpGet(port_, "/v1/sources");
-    if (r.status != 200) return std::nullopt;
-    auto j = nlohmann::json::parse(r.body, nullptr, false);
-    if (!j.is_object() || !j.contains("sources")) return std::nullopt;
-    for (const auto& src : j["sources"]) {
-      if (src.value("name", "") != source) continue;
-      for (const auto& st : src["streams"]) {
-        if (st.contains("last_sequence") && st["last_sequence"].is_number_unsigned()) {
-          return st["last_sequence"].get<uint64_t>();
-        }
-      }
+    const nlohmann::json st = Stream(source);
+    if (st.is_object() && st.contains("last_sequence") &&
+        st["last_sequence"].is_number_unsigned()) {
+      return st["last_sequence"].get<uint64_t>();
     }
     return std::nullopt;
   }
@@ -326,6 +349,7 @@ class IndexDaemon {
 
  private:
   std::unique_ptr<ChildProcess> child_;
+  std::string host_;
   int port_ = 0;
 };
 

@@ -48,9 +48,13 @@ TEST(IndexerSoakTest, RssFlatUnderChurnWithRestartsAndReplay) {
   std::string asan = std::getenv("ASAN_OPTIONS") ? std::getenv("ASAN_OPTIONS") : "";
   ::setenv("ASAN_OPTIONS", (asan + (asan.empty() ? "" : ":") + "quarantine_size_mb=4").c_str(), 1);
 
-  const double total_s = testing::LongFaultRun() ? 300 : 40;
-  const double restart_daemon_at = 0.15 * total_s;
-  const double warm_up_until = 0.35 * total_s;
+  // $KVO_SOAK_SECONDS overrides the duration (investigations).
+  const char* env_s = std::getenv("KVO_SOAK_SECONDS");
+  const double total_s = env_s != nullptr && std::atof(env_s) > 10 ? std::atof(env_s)
+                         : testing::LongFaultRun()                 ? 300
+                                                                   : 40;
+  const double restart_daemon_at = 0.1 * total_s;
+  const double warm_up_until = 0.4 * total_s;
   const double restart_publisher_at = 0.6 * total_s;
 
   testing::TempDir dir;
@@ -86,6 +90,8 @@ TEST(IndexerSoakTest, RssFlatUnderChurnWithRestartsAndReplay) {
     peak = std::max(peak, rss);
     ++samples;
     if (now_s() >= warm_up_until) measured.push_back({now_s(), static_cast<double>(rss)});
+    if (std::getenv("KVO_SOAK_TRACE"))
+      std::printf("t %.1f rss %.1f MiB\n", now_s(), rss / 1048576.0);
     if (HttpGet(daemon->port(), "/healthz", 5000).status != 200) ++healthz_failures;
     daemon->child().Drain();
     std::this_thread::sleep_for(std::chrono::milliseconds(250));  // the sampling period
@@ -122,15 +128,16 @@ TEST(IndexerSoakTest, RssFlatUnderChurnWithRestartsAndReplay) {
   const bool flat = growth <= allowed;
   EXPECT_TRUE(flat) << "RSS grows after warm-up: " << figures;
   EXPECT_EQ(healthz_failures, 0);
-  ReportFault({"indexer",
-               "soak: churn (2000 batches/s of stores, removals, clears) for " +
-                   std::to_string(static_cast<int>(total_s)) +
-                   " s, kill -9 + restart of the daemon (catch-up by replay), restart of the "
-                   "publisher; RSS sampled every 250 ms",
-               1,
-               "RSS flat after warm-up (fitted growth <= max(4 MiB, 5 % of mean)); /healthz "
-               "answers throughout; the index equals the publisher's state at the end",
-               (flat && converged && caught_up && healthz_failures == 0) ? 0 : 1, seed, figures});
+  testing::ReportFault(
+      {"indexer",
+       "soak: churn (2000 batches/s of stores, removals, clears) for " +
+           std::to_string(static_cast<int>(total_s)) +
+           " s, kill -9 + restart of the daemon (catch-up by replay), restart of the "
+           "publisher; RSS sampled every 250 ms",
+       1,
+       "RSS flat after warm-up (fitted growth <= max(4 MiB, 5 % of mean)); /healthz "
+       "answers throughout; the index equals the publisher's state at the end",
+       (flat && converged && caught_up && healthz_failures == 0) ? 0 : 1, seed, figures});
 }
 
 }  // namespace
