@@ -130,7 +130,7 @@ TEST(IndexerSoakTest, RssFlatUnderChurnWithRestartsAndReplay) {
   EXPECT_EQ(healthz_failures, 0);
   testing::ReportFault(
       {"indexer",
-       "soak: churn (2000 batches/s of stores, removals, clears) for " +
+       "soak: churn (a batch every 0.5 ms: stores, removals, clears) for " +
            std::to_string(static_cast<int>(total_s)) +
            " s, kill -9 + restart of the daemon (catch-up by replay), restart of the "
            "publisher; RSS sampled every 250 ms",

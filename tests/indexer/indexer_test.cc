@@ -904,6 +904,25 @@ TEST(IndexerClearTest, KillNineDuringClearLeavesStreamWholeOrGone) {
   std::printf("%d trials, %d killed after the clear began\n", trials, gone);
 }
 
+// The SQLite page cache is part of the memory budget: its share is reported, taken from the
+// budget, and a share that leaves nothing for the scoring structure is refused.
+TEST(IndexerBudgetTest, SqlitePageCacheIsPartOfTheBudget) {
+  testing::TempDir dir;
+  IndexerOptions o = TestOptions();
+  o.memory_budget_bytes = size_t{64} << 20;
+  auto idx = MustOpen(dir.path() + "/c.db", o);
+  const IndexerStats st = idx->Stats();
+  EXPECT_EQ(st.memory_budget_bytes, size_t{64} << 20);
+  EXPECT_EQ(st.sqlite_cache_bytes, size_t{8} << 20);  // min(64 MiB, budget / 8)
+  EXPECT_GT(st.sqlite_memory_bytes, 0);
+  o.memory_budget_bytes = size_t{1} << 30;
+  auto big = MustOpen(dir.path() + "/d.db", o);
+  EXPECT_EQ(big->Stats().sqlite_cache_bytes, size_t{64} << 20);
+  o.sqlite_cache_bytes = o.memory_budget_bytes;
+  auto refused = Indexer::Open(dir.path() + "/e.db", o);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(IndexerConcurrencyTest, ScoresWhileIngesting) {
   testing::TempDir dir;
   IndexerOptions o = TestOptions();
