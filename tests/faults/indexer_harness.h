@@ -205,6 +205,16 @@ class ChurnPublisher {
     if (pub_) pub_->Flush();
   }
 
+  // Publishes `b` as the next batch (folded into the expected state like the churn).
+  void PublishBatch(EventBatch b) {
+    Fold(b, &held_);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      batches_.push_back(b);
+    }
+    ASSERT_TRUE(pub_->Publish(std::move(b)).ok());
+  }
+
   void PublishOne() {
     EventBatch b;
     b.ts = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
