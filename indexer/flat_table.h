@@ -91,6 +91,18 @@ class FlatTable {
     }
   }
 
+  // The members stored in slots [begin, end) (capacity() slots in all; the key kEmpty, kept
+  // aside, is visited with begin == 0). For incremental scans: an Erase or a rehash between two
+  // calls may move members across the cursor, so such a scan is repeated until it finds nothing.
+  template <class F>
+  void ForEachInSlots(size_t begin, size_t end, F&& f) const {
+    if (begin == 0 && has_special_) f(kEmpty, special_);
+    for (size_t i = begin; i < end && i < slots_.size(); ++i) {
+      if (slots_[i].key != kEmpty) f(slots_[i].key, slots_[i].value);
+    }
+  }
+  size_t capacity() const { return slots_.size(); }
+
   size_t size() const { return size_; }
   size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
   static constexpr size_t kSlotBytes = sizeof(uint64_t) + (sizeof(V) <= 8 ? 8 : sizeof(V));

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -249,6 +252,22 @@ struct Indexer::Impl {
   Stmt ins_source, ins_log, up_stream, sel_log, ups_block, dec_block, del_block, clr_block, set_ck,
       del_log;
 
+  // Streams being cleared (ClearSource: rank nullopt). clear_mu is a leaf lock: taken under
+  // ingest_mu (ApplyBatch, Clear's first step) or alone (waiting), never the other way round.
+  struct ClearKey {
+    uint32_t sid;
+    std::optional<int64_t> rank;
+    bool Covers(uint32_t s, int64_t r) const { return s == sid && (!rank || *rank == r); }
+    bool Overlaps(const ClearKey& o) const {
+      return sid == o.sid && (!rank || !o.rank || *rank == *o.rank);
+    }
+  };
+  Mutex clear_mu;
+  CondVar clear_cv{&clear_mu};
+  std::vector<ClearKey> clearing GUARDED_BY(clear_mu);
+  // page_count * page_size after the last write (Stats never waits for the connection).
+  std::atomic<int64_t> sqlite_bytes{0};
+
   mutable SharedMutex state_mu;
   MemoryIndex mem GUARDED_BY(state_mu);
   std::vector<std::string> source_names GUARDED_BY(state_mu);
@@ -295,6 +314,39 @@ struct Indexer::Impl {
                                                 int64_t* block_size) const;
   // ClearSource (rank nullopt) and ClearStream.
   Status Clear(std::string_view source, std::optional<int64_t> rank);
+  // The SQL part of a clear, in bounded transactions, db_mu taken per chunk: folds the log up to
+  // `fold_upto` (id), deletes the stream's blocks, then its marker.
+  Status ClearSql(const ClearKey& key, int64_t fold_upto) LOCKS_EXCLUDED(db_mu);
+  // Finishes clears a crash interrupted (markers in kvo_index_meta), before Load.
+  Status ResumeClears() LOCKS_EXCLUDED(db_mu);
+  // Clear markers in the file (an interrupted clear): Load leaves those streams out.
+  Result<std::vector<std::pair<ClearKey, int64_t>>> ReadClearMarkers()
+      EXCLUSIVE_LOCKS_REQUIRED(db_mu);
+  void UpdateSqliteBytes() EXCLUSIVE_LOCKS_REQUIRED(db_mu);
+  bool ClearingCovers(uint32_t sid, int64_t rank) LOCKS_EXCLUDED(clear_mu) {
+    MutexLock c(&clear_mu);
+    for (const ClearKey& k : clearing) {
+      if (k.Covers(sid, rank)) return true;
+    }
+    return false;
+  }
+  void WaitUntilNotClearing(std::string_view source, int64_t rank)
+      LOCKS_EXCLUDED(clear_mu, state_mu) {
+    uint32_t sid;
+    {
+      ReaderLock l(&state_mu);
+      auto it = source_ids.find(source);
+      if (it == source_ids.end()) return;
+      sid = it->second;
+    }
+    MutexLock c(&clear_mu);
+    for (;;) {
+      bool covered = false;
+      for (const ClearKey& k : clearing) covered |= k.Covers(sid, rank);
+      if (!covered) return;
+      clear_cv.Wait();
+    }
+  }
   Result<ScoreResult> ScoreLocked(const ScoreQuery& q, std::vector<uint64_t>* keys_out,
                                   bool* by_engine_out) const
       KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
@@ -377,7 +429,16 @@ Status Indexer::Impl::OpenDb() {
     KVO_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode = WAL", path));
     KVO_RETURN_IF_ERROR(Exec(db, "PRAGMA synchronous = NORMAL", path));
   }
-  KVO_RETURN_IF_ERROR(Exec(db, "PRAGMA cache_size = -65536", path));
+  // The page cache is part of the memory budget (Open resolved sqlite_cache_bytes).
+  const std::string cache =
+      "PRAGMA cache_size = -" + std::to_string(std::max<size_t>(1, opt.sqlite_cache_bytes / 1024));
+  KVO_RETURN_IF_ERROR(Exec(db, cache.c_str(), path));
+  // And a soft ceiling on everything SQLite allocates (process-wide; raised, never lowered, so
+  // several indexes in one process each keep their cache): SQLite recycles cache pages rather
+  // than grow past it. 2x the cache leaves room for statements, the schema and WAL indexes.
+  const int64_t soft = static_cast<int64_t>(2 * opt.sqlite_cache_bytes + (size_t{16} << 20));
+  const int64_t current = sqlite3_soft_heap_limit64(-1);
+  if (current == 0 || current < soft) sqlite3_soft_heap_limit64(soft);
   if (fresh) {
     KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
     Status s = Exec(db, kSchemaSql, path);
@@ -481,6 +542,14 @@ LogRow ReadLogRow(Stmt& st, int64_t* id) {
 }  // namespace
 
 Status Indexer::Impl::Load() {
+  // A read-only open of a file whose clear was interrupted leaves the cleared streams out.
+  KVO_ASSIGN_OR_RETURN(const auto markers, ReadClearMarkers());
+  auto cleared = [&markers](uint32_t sid, int64_t rank) {
+    for (const auto& m : markers) {
+      if (m.first.Covers(sid, rank)) return true;
+    }
+    return false;
+  };
   WriterLock l(&state_mu);
   auto corrupt = [&](const char* what) {
     return Status::Corruption("index file '" + path + "': reading " + what + " failed (" +
@@ -506,6 +575,7 @@ Status Indexer::Impl::Load() {
         q.Prepare(db, "SELECT source_id, dp_rank, last_seq, last_event_ts FROM streams"));
     int rc;
     while ((rc = q.Step()) == SQLITE_ROW) {
+      if (cleared(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1))) continue;
       StreamState s;
       s.last_seq = static_cast<uint64_t>(q.ColInt(2));
       s.durable_seq = s.last_seq;
@@ -521,6 +591,7 @@ Status Indexer::Impl::Load() {
                                   "refcount, content_key, block_size, first_seq FROM blocks"));
     int rc;
     while ((rc = q.Step()) == SQLITE_ROW) {
+      if (cleared(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1))) continue;
       const uint32_t inst = mem.InstanceId(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1));
       const uint32_t medium = mem.MediumId(q.ColText(2));
       const uint32_t group = mem.GroupId(q.ColInt(3));
@@ -548,9 +619,10 @@ Status Indexer::Impl::Load() {
     while ((rc = q.Step()) == SQLITE_ROW) {
       int64_t id;
       LogRow r = ReadLogRow(q, &id);
+      ++rows;
+      if (cleared(r.source_id, r.dp_rank)) continue;
       ApplyOutcome ignored;
       ApplyRow(r, &ignored);
-      ++rows;
     }
     if (rc != SQLITE_DONE) return corrupt("event_log");
     log_rows = rows;
@@ -572,6 +644,7 @@ void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
   const uint32_t group = mem.GroupId(row.group);
   if (inst == UINT32_MAX || medium == UINT32_MAX || group == UINT32_MAX) return;  // checked before
   ++counters.events;
+  mem.set_store_tick(tick.load(std::memory_order_relaxed));
   switch (row.kind) {
     case kStore:
       for (size_t i = 0; i < row.hashes.size(); ++i) {
@@ -607,8 +680,10 @@ void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
 }
 
 void Indexer::Impl::EvictIfNeeded() {
-  if (mem.BudgetBytes() <= opt.memory_budget_bytes) return;
-  counters.dropped_by_budget += mem.EvictTo(opt.memory_budget_bytes / 10 * 9);
+  // The structure gets what the SQLite page cache leaves of the budget.
+  const size_t budget = opt.memory_budget_bytes - opt.sqlite_cache_bytes;
+  if (mem.BudgetBytes() <= budget) return;
+  counters.dropped_by_budget += mem.EvictTo(budget / 10 * 9);
 }
 
 Indexer::Indexer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -639,15 +714,26 @@ Result<std::unique_ptr<Indexer>> Indexer::Open(const std::string& path,
         "indexer options: flush_max_events, compact_chunk_rows and default_block_size must be "
         "positive");
   }
+  IndexerOptions opt = options;
+  if (opt.sqlite_cache_bytes == 0) {
+    opt.sqlite_cache_bytes = std::min<size_t>(size_t{64} << 20, opt.memory_budget_bytes / 8);
+  }
+  if (opt.sqlite_cache_bytes >= opt.memory_budget_bytes) {
+    return Status::InvalidArgument(
+        "indexer options: sqlite_cache_bytes (" + std::to_string(opt.sqlite_cache_bytes) +
+        ") must be below memory_budget_bytes (" + std::to_string(opt.memory_budget_bytes) + ")");
+  }
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  impl->opt = options;
+  impl->opt = opt;
   impl->clock = options.clock ? options.clock : SystemClock();
   KVO_RETURN_IF_ERROR(impl->OpenDb());
   KVO_RETURN_IF_ERROR(impl->Prepare());
+  if (!options.read_only) KVO_RETURN_IF_ERROR(impl->ResumeClears());
   {
     MutexLock l(&impl->db_mu);
     KVO_RETURN_IF_ERROR(impl->Load());
+    impl->UpdateSqliteBytes();
   }
   std::unique_ptr<Indexer> idx(new Indexer(std::move(impl)));
   if (options.background_thread && !options.read_only) {
@@ -691,24 +777,35 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
   }
   ApplyOutcome out;
   bool must_flush = false;
-  {
+  bool busy = false;  // the stream is being cleared: wait for the clear, then apply
+  auto attempt = [&]() -> Status {
     MutexLock ingest(&d.ingest_mu);
     const double now = d.clock->NowSeconds();
     std::vector<LogRow> rows;
     {
       WriterLock l(&d.state_mu);
-      const bool known_source = d.source_ids.count(source) > 0;
-      const uint32_t sid = d.SourceId(source, true);
-      if (!known_source) d.new_sources.emplace_back(sid, std::string(source));
-      auto sit = d.streams.find({sid, dp_rank});
-      if (sit != d.streams.end() && seq <= sit->second.last_seq) {
-        ++d.counters.batches_duplicate;
-        return out;
+      // Validate the whole batch before any state changes: a refused batch registers no source,
+      // stream, medium or group (issue 10 item 11).
+      const auto src_it = d.source_ids.find(source);
+      const bool known_source = src_it != d.source_ids.end();
+      uint32_t sid = known_source ? src_it->second : 0;
+      if (known_source) {
+        auto sit = d.streams.find({sid, dp_rank});
+        if (d.ClearingCovers(sid, dp_rank)) {
+          busy = true;
+          return Status::Ok();
+        }
+        if (sit != d.streams.end() && seq <= sit->second.last_seq) {
+          ++d.counters.batches_duplicate;
+          return Status::Ok();
+        }
       }
-      const uint32_t inst = d.mem.InstanceId(sid, dp_rank);
-      if (inst == UINT32_MAX) {
+      if ((!known_source || d.mem.FindInstance(sid, dp_rank) == UINT32_MAX) &&
+          d.mem.instance_count() >= indexer_internal::kMaxInstances) {
         return Status::OutOfRange("too many (source, dp_rank) streams in index '" + d.path + "'");
       }
+      std::set<std::string> new_media;
+      std::set<int64_t> new_groups;
       // Convert every event first (validating), then apply them in order.
       rows.reserve(batch.events.size());
       for (const KvEvent& ev : batch.events) {
@@ -738,12 +835,38 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
           r.kind = kClearAll;
           r.medium = kMediumGpu;
         }
-        if (d.mem.MediumId(r.medium) == UINT32_MAX || d.mem.GroupId(r.group) == UINT32_MAX) {
-          return Status::OutOfRange("source '" + std::string(source) +
-                                    "': too many distinct media or KV-cache groups (medium '" +
-                                    r.medium + "', group " + std::to_string(r.group) + ")");
+        if (r.medium.size() > indexer_internal::kMaxMediumNameBytes) {
+          return Status::InvalidArgument("source '" + std::string(source) + "': a medium name of " +
+                                         std::to_string(r.medium.size()) + " bytes (at most " +
+                                         std::to_string(indexer_internal::kMaxMediumNameBytes) +
+                                         "); batch refused");
+        }
+        if (d.mem.FindMedium(r.medium) == UINT32_MAX) new_media.insert(r.medium);
+        if (d.mem.FindGroup(r.group) == UINT32_MAX) new_groups.insert(r.group);
+        if (d.mem.medium_count() + new_media.size() > indexer_internal::kMaxMedia ||
+            d.mem.group_count() + new_groups.size() > indexer_internal::kMaxGroups) {
+          return Status::OutOfRange("source '" + std::string(source) + "': batch " +
+                                    std::to_string(seq) + " would exceed the index's " +
+                                    std::to_string(indexer_internal::kMaxMedia) + " media or " +
+                                    std::to_string(indexer_internal::kMaxGroups) +
+                                    " KV-cache groups (medium '" + r.medium + "', group " +
+                                    std::to_string(r.group) + "); batch refused, nothing applied");
         }
         rows.push_back(std::move(r));
+      }
+      // Valid: register what the batch names (cannot fail now).
+      if (!known_source) {
+        sid = d.SourceId(source, true);
+        d.new_sources.emplace_back(sid, std::string(source));
+      }
+      if (d.mem.InstanceId(sid, dp_rank) == UINT32_MAX) {
+        return Status::Internal("instance registry refused a validated stream");
+      }
+      for (LogRow& r : rows) {
+        r.source_id = sid;
+        if (d.mem.MediumId(r.medium) == UINT32_MAX || d.mem.GroupId(r.group) == UINT32_MAX) {
+          return Status::Internal("medium/group registry refused a validated batch");
+        }
       }
       for (LogRow& r : rows) {
         if (r.kind == kStore) {
@@ -813,6 +936,13 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
     } else {
       must_flush = due;
     }
+    return Status::Ok();
+  };
+  for (;;) {
+    KVO_RETURN_IF_ERROR(attempt());
+    if (!busy) break;
+    busy = false;
+    d.WaitUntilNotClearing(source, dp_rank);
   }
   if (must_flush) {
     MutexLock db(&d.db_mu);
@@ -931,6 +1061,7 @@ Status Indexer::Impl::Commit(const Taken& t) {
 
 void Indexer::Impl::MarkDurable(const Taken& t) {
   log_rows += static_cast<int64_t>(t.rows.size());
+  if (!t.rows.empty() || !t.dirty.empty()) UpdateSqliteBytes();
   log_rows_pending = log_rows;
   WriterLock l(&state_mu);
   for (const auto& [sid, rank, seq, ts] : t.dirty) {
@@ -1035,6 +1166,7 @@ Status Indexer::Impl::CompactChunk(int64_t limit, int64_t* folded) {
   *folded = static_cast<int64_t>(rows.size());
   log_rows -= *folded;
   log_rows_pending = log_rows;
+  UpdateSqliteBytes();
   WriterLock l(&state_mu);
   ++counters.compactions;
   return Status::Ok();
@@ -1069,62 +1201,310 @@ Status Indexer::ClearStream(std::string_view source, int64_t dp_rank) {
   return impl_->Clear(source, dp_rank);
 }
 
-Status Indexer::Impl::Clear(std::string_view source, std::optional<int64_t> rank) {
-  Impl& d = *this;
-  if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
-  MutexLock db_lock(&d.db_mu);
-  MutexLock ingest_lock(&d.ingest_mu);
-  uint32_t sid;
-  {
-    ReaderLock l(&d.state_mu);
-    auto it = d.source_ids.find(source);
-    if (it == d.source_ids.end()) return Status::Ok();
-    sid = it->second;
+namespace {
+// A clear works in steps so that readers (and /healthz, /metrics, /v1/sources) never wait for
+// it: SQL transactions of at most kClearDeleteRows rows, memory steps of kClearSlots slots.
+constexpr int64_t kClearDeleteRows = 4096;
+constexpr size_t kClearSlots = size_t{1} << 11;
+
+std::string ClearMarker(uint32_t sid, std::optional<int64_t> rank) {
+  return "clearing:" + std::to_string(sid) + ":" + (rank ? std::to_string(*rank) : "*");
+}
+}  // namespace
+
+void Indexer::Impl::UpdateSqliteBytes() {
+  Stmt q;
+  if (q.Prepare(db, "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
+          .ok() &&
+      q.Step() == SQLITE_ROW) {
+    sqlite_bytes = q.ColInt(0);
   }
-  KVO_RETURN_IF_ERROR(d.FlushHoldingIngest());
-  // Fold the whole log first: a content key this stream's stores gave to blocks that other
-  // streams hold reaches their rows (the keyless back-fill) before this stream's rows go.
-  while (d.log_rows > 0) {
+}
+
+Status Indexer::Impl::Clear(std::string_view source, std::optional<int64_t> rank) {
+  if (opt.read_only) return Status::FailedPrecondition("index '" + path + "' is read-only");
+  ClearKey key{};
+  {
+    ReaderLock l(&state_mu);
+    auto it = source_ids.find(source);
+    if (it == source_ids.end()) return Status::Ok();
+    key.sid = it->second;
+  }
+  key.rank = rank;
+  const std::string marker = ClearMarker(key.sid, rank);
+  int64_t fold_upto = 0;
+  std::vector<uint32_t> hidden;
+  // Step 1 (brief): flush, then in one transaction drop the checkpoint and write the marker that
+  // makes an interrupted clear finish at the next Open; hide the stream from readers at once.
+  for (;;) {
+    {
+      MutexLock c(&clear_mu);
+      for (;;) {
+        bool overlap = false;
+        for (const ClearKey& k : clearing) overlap |= k.Overlaps(key);
+        if (!overlap) break;
+        clear_cv.Wait();
+      }
+    }
+    MutexLock db_lock(&db_mu);
+    MutexLock ingest_lock(&ingest_mu);
+    {
+      MutexLock c(&clear_mu);
+      bool overlap = false;
+      for (const ClearKey& k : clearing) overlap |= k.Overlaps(key);
+      if (overlap) continue;  // another clear of it started meanwhile: wait for it
+      clearing.push_back(key);
+    }
+    auto unmark = [&] {
+      {
+        MutexLock c(&clear_mu);
+        for (size_t i = 0; i < clearing.size(); ++i) {
+          if (clearing[i].sid == key.sid && clearing[i].rank == key.rank) {
+            clearing.erase(clearing.begin() + static_cast<long>(i));
+            break;
+          }
+        }
+      }
+      clear_cv.SignalAll();
+    };
+    Status s = FlushHoldingIngest();
+    if (s.ok()) s = Exec(db, "BEGIN IMMEDIATE", path);
+    if (s.ok()) {
+      Stmt q;
+      s = q.Prepare(db, "SELECT coalesce(max(id), 0) FROM event_log");
+      if (s.ok() && q.Step() == SQLITE_ROW) fold_upto = q.ColInt(0);
+      Stmt m;
+      if (s.ok()) {
+        s = m.Prepare(db, "INSERT OR REPLACE INTO kvo_index_meta (key, value) VALUES (?, ?)");
+      }
+      if (s.ok()) {
+        m.Text(1, marker);
+        m.Text(2, std::to_string(fold_upto));
+        s = StepDone(db, m, path, "recording a clear");
+      }
+      Stmt d;
+      if (s.ok()) {
+        s = d.Prepare(db, rank ? "DELETE FROM streams WHERE source_id = ? AND dp_rank = ?"
+                               : "DELETE FROM streams WHERE source_id = ?");
+      }
+      if (s.ok()) {
+        d.Int(1, key.sid);
+        if (rank) d.Int(2, *rank);
+        s = StepDone(db, d, path, "clearing a checkpoint");
+      }
+      if (s.ok()) s = Exec(db, "COMMIT", path);
+      if (!s.ok()) (void)Exec(db, "ROLLBACK", path);
+    }
+    if (!s.ok()) {
+      unmark();
+      return s;
+    }
+    WriterLock l(&state_mu);
+    for (uint32_t inst = 0; inst < mem.instance_count(); ++inst) {
+      if (key.Covers(mem.InstanceSource(inst), mem.InstanceRank(inst))) {
+        mem.SetHidden(inst, true);
+        hidden.push_back(inst);
+      }
+    }
+    for (auto it = streams.begin(); it != streams.end();) {
+      it = key.Covers(it->first.first, it->first.second) ? streams.erase(it) : std::next(it);
+    }
+    break;
+  }
+  // Step 2: SQL in bounded transactions (db_mu per chunk; ingest of other streams continues).
+  const Status sql = ClearSql(key, fold_upto);
+  // Step 3: memory in bounded steps under the writer lock, released between steps. Passes
+  // repeat while entries remain (other writers' inserts and erasures move slots); past a bound,
+  // one full sweep finishes.
+  {
+    size_t cursor = 0;
+    size_t steps = 0;
+    size_t max_steps = 0;
+    for (;;) {
+      WriterLock l(&state_mu);
+      int64_t left = 0;
+      for (uint32_t inst : hidden) left += mem.InstanceEntries(inst);
+      if (left == 0) break;
+      const MemoryIndex* index = &mem;
+      auto pred = [index, &key](uint32_t inst) {
+        return index->Hidden(inst) &&
+               key.Covers(index->InstanceSource(inst), index->InstanceRank(inst));
+      };
+      if (max_steps == 0) max_steps = 8 * (1 + mem.HoldingSlots() / kClearSlots);
+      if (++steps > max_steps) {
+        mem.ClearWhere(pred, UINT32_MAX);
+        break;
+      }
+      mem.ClearSlots(pred, &cursor, kClearSlots);
+    }
+  }
+  {
+    WriterLock l(&state_mu);
+    for (uint32_t inst : hidden) mem.SetHidden(inst, false);
+    ++counters.source_clears;
+  }
+  {
+    MutexLock c(&clear_mu);
+    for (size_t i = 0; i < clearing.size(); ++i) {
+      if (clearing[i].sid == key.sid && clearing[i].rank == key.rank) {
+        clearing.erase(clearing.begin() + static_cast<long>(i));
+        break;
+      }
+    }
+  }
+  clear_cv.SignalAll();
+  return sql;
+}
+
+Status Indexer::Impl::ClearSql(const ClearKey& key, int64_t fold_upto) {
+  // Fold the log up to the clear first: a content key this stream's stores gave to blocks that
+  // other streams hold reaches their rows (the keyless back-fill) before this stream's rows go.
+  // The stream's own rows are all <= fold_upto (its ingest waits for the clear).
+  for (;;) {
+    MutexLock db_lock(&db_mu);
+    Stmt q;
+    KVO_RETURN_IF_ERROR(q.Prepare(db, "SELECT min(id) FROM event_log"));
+    if (q.Step() != SQLITE_ROW || q.ColNull(0) || q.ColInt(0) > fold_upto) break;
+    const int64_t first = q.ColInt(0);
     int64_t folded = 0;
-    KVO_RETURN_IF_ERROR(d.CompactChunk(d.opt.compact_chunk_rows, &folded));
+    KVO_RETURN_IF_ERROR(
+        CompactChunk(std::min(opt.compact_chunk_rows, fold_upto - first + 1), &folded));
     if (folded == 0) break;
   }
-  KVO_RETURN_IF_ERROR(Exec(d.db, "BEGIN IMMEDIATE", d.path));
-  Status s;
-  int64_t log_deleted = 0;
-  for (const char* table : {"blocks", "event_log", "streams"}) {
-    const std::string sql = std::string("DELETE FROM ") + table + " WHERE source_id = ?" +
-                            (rank.has_value() ? " AND dp_rank = ?" : "");
+  const std::string where =
+      std::string("source_id = ?") + (key.rank.has_value() ? " AND dp_rank = ?" : "");
+  const std::string del_rows = "DELETE FROM event_log WHERE " + where + " AND id <= ?";
+  // Each step deletes the first kClearDeleteRows rows of the stream in key order: the boundary
+  // key is found through the primary key, then a range delete (an IN (subquery) form made SQLite
+  // visit every row of the stream per step: quadratic).
+  const std::string cols = key.rank.has_value() ? "medium, group_idx, engine_hash"
+                                                : "dp_rank, medium, group_idx, engine_hash";
+  const int ncols = key.rank.has_value() ? 3 : 4;
+  const std::string sel_bound = "SELECT " + cols + " FROM blocks WHERE " + where + " ORDER BY " +
+                                cols + " LIMIT 1 OFFSET " + std::to_string(kClearDeleteRows - 1);
+  const std::string del_upto = "DELETE FROM blocks WHERE " + where + " AND (" + cols + ") <= (" +
+                               (ncols == 3 ? "?, ?, ?" : "?, ?, ?, ?") + ")";
+  const std::string del_rest = "DELETE FROM blocks WHERE " + where;
+  for (;;) {
+    MutexLock db_lock(&db_mu);
+    Stmt b;
+    KVO_RETURN_IF_ERROR(b.Prepare(db, sel_bound.c_str()));
+    b.Int(1, key.sid);
+    if (key.rank) b.Int(2, *key.rank);
+    const int first_col = key.rank ? 3 : 2;
     Stmt st;
-    s = st.Prepare(d.db, sql.c_str());
-    if (!s.ok()) break;
-    st.Int(1, sid);
-    if (rank.has_value()) st.Int(2, *rank);
-    s = StepDone(d.db, st, d.path, "clearing a source");
-    if (!s.ok()) break;
-    if (std::strcmp(table, "event_log") == 0) log_deleted = sqlite3_changes(d.db);
+    bool last = false;
+    const int rc = b.Step();
+    if (rc == SQLITE_ROW) {
+      KVO_RETURN_IF_ERROR(st.Prepare(db, del_upto.c_str()));
+      st.Int(1, key.sid);
+      if (key.rank) st.Int(2, *key.rank);
+      int i = first_col;
+      if (!key.rank) st.Int(i++, b.ColInt(0));
+      const int off = key.rank ? 0 : 1;
+      st.Text(i++, b.ColText(off));
+      st.Int(i++, b.ColInt(off + 1));
+      st.Int(i++, b.ColInt(off + 2));
+    } else if (rc == SQLITE_DONE) {
+      last = true;
+      KVO_RETURN_IF_ERROR(st.Prepare(db, del_rest.c_str()));
+      st.Int(1, key.sid);
+      if (key.rank) st.Int(2, *key.rank);
+    } else {
+      return Status::IOError("index '" + path +
+                             "': reading a stream's blocks: " + sqlite3_errmsg(db));
+    }
+    b.Reset();
+    KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
+    Status s = StepDone(db, st, path, "clearing a stream's blocks");
+    if (s.ok()) s = Exec(db, "COMMIT", path);
+    if (!s.ok()) {
+      (void)Exec(db, "ROLLBACK", path);
+      return s;
+    }
+    if (last) break;
   }
-  if (s.ok()) s = Exec(d.db, "COMMIT", d.path);
+  MutexLock db_lock(&db_mu);
+  KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
+  Status s;
+  {
+    // Rows of the stream left in the log (none unless a fold above failed half-way).
+    Stmt st;
+    s = st.Prepare(db, del_rows.c_str());
+    if (s.ok()) {
+      st.Int(1, key.sid);
+      int i = 2;
+      if (key.rank) st.Int(i++, *key.rank);
+      st.Int(i, fold_upto);
+      s = StepDone(db, st, path, "clearing a stream's log rows");
+      if (s.ok()) log_rows -= sqlite3_changes(db);
+    }
+    Stmt m;
+    if (s.ok()) s = m.Prepare(db, "DELETE FROM kvo_index_meta WHERE key = ?");
+    if (s.ok()) {
+      m.Text(1, ClearMarker(key.sid, key.rank));
+      s = StepDone(db, m, path, "finishing a clear");
+    }
+  }
+  if (s.ok()) s = Exec(db, "COMMIT", path);
   if (!s.ok()) {
-    (void)Exec(d.db, "ROLLBACK", d.path);
+    (void)Exec(db, "ROLLBACK", path);
     return s;
   }
-  d.log_rows -= log_deleted;
-  d.log_rows_pending = d.log_rows;
-  WriterLock l(&d.state_mu);
-  // The callback runs under this lock; pointers keep the analysis from asking for it again.
-  const MemoryIndex* index = &d.mem;
-  d.mem.ClearWhere(
-      [index, sid, rank](uint32_t inst) {
-        return index->InstanceSource(inst) == sid &&
-               (!rank.has_value() || index->InstanceRank(inst) == *rank);
-      },
-      UINT32_MAX);
-  for (auto it = d.streams.begin(); it != d.streams.end();) {
-    const bool match = it->first.first == sid && (!rank.has_value() || it->first.second == *rank);
-    it = match ? d.streams.erase(it) : std::next(it);
+  log_rows_pending = log_rows;
+  UpdateSqliteBytes();
+  return Status::Ok();
+}
+
+Result<std::vector<std::pair<Indexer::Impl::ClearKey, int64_t>>> Indexer::Impl::ReadClearMarkers() {
+  std::vector<std::pair<ClearKey, int64_t>> out;
+  Stmt q;
+  KVO_RETURN_IF_ERROR(
+      q.Prepare(db, "SELECT key, value FROM kvo_index_meta WHERE key LIKE 'clearing:%'"));
+  while (q.Step() == SQLITE_ROW) {
+    const std::string k = q.ColText(0);
+    unsigned sid = 0;
+    long long r = 0;
+    ClearKey key{};
+    if (std::sscanf(k.c_str(), "clearing:%u:%lld", &sid, &r) == 2) {
+      key.rank = r;
+    } else if (std::sscanf(k.c_str(), "clearing:%u:*", &sid) != 1) {
+      return Status::Corruption("index '" + path + "': unreadable clear marker");
+    }
+    key.sid = sid;
+    out.emplace_back(key, std::atoll(q.ColText(1).c_str()));
   }
-  ++d.counters.source_clears;
+  return out;
+}
+
+Status Indexer::Impl::ResumeClears() {
+  std::vector<std::pair<ClearKey, int64_t>> todo;
+  {
+    MutexLock db_lock(&db_mu);
+    KVO_ASSIGN_OR_RETURN(todo, ReadClearMarkers());
+    if (todo.empty()) return Status::Ok();
+    Stmt c;
+    KVO_RETURN_IF_ERROR(c.Prepare(db, "SELECT count(*) FROM event_log"));
+    log_rows = c.Step() == SQLITE_ROW ? c.ColInt(0) : 0;
+  }
+  for (const auto& [key, upto] : todo) {
+    KVO_LOG_INFO("indexer '{}': finishing a clear a restart interrupted (source id {})", path,
+                 key.sid);
+    {
+      // The checkpoint went in the marker's transaction; rows may have followed a clear whose
+      // SQL part failed, so the whole log is folded and every row of the stream goes.
+      MutexLock db_lock(&db_mu);
+      const std::string sql = std::string("DELETE FROM streams WHERE source_id = ?") +
+                              (key.rank ? " AND dp_rank = ?" : "");
+      Stmt d;
+      KVO_RETURN_IF_ERROR(d.Prepare(db, sql.c_str()));
+      d.Int(1, key.sid);
+      if (key.rank) d.Int(2, *key.rank);
+      KVO_RETURN_IF_ERROR(StepDone(db, d, path, "clearing a checkpoint"));
+    }
+    (void)upto;
+    KVO_RETURN_IF_ERROR(ClearSql(key, INT64_MAX));
+  }
   return Status::Ok();
 }
 
@@ -1317,6 +1697,7 @@ IndexerStats Indexer::Stats() const {
     ReaderLock l(&d.state_mu);
     const auto per = d.mem.EntriesPerInstanceMedium();
     for (uint32_t inst = 0; inst < per.size(); ++inst) {
+      if (d.mem.Hidden(inst)) continue;  // being cleared
       for (uint32_t m = 0; m < per[inst].size(); ++m) {
         if (per[inst][m] == 0) continue;
         MediumStats ms;
@@ -1344,6 +1725,8 @@ IndexerStats Indexer::Stats() const {
   }
   st.counters.scores = d.scores.load();
   st.memory_budget_bytes = d.opt.memory_budget_bytes;
+  st.sqlite_cache_bytes = d.opt.sqlite_cache_bytes;
+  st.sqlite_memory_bytes = sqlite3_memory_used();
   st.log_rows_pending = d.log_rows_pending.load();
   st.schema_version = kSchemaVersion;
   std::sort(
@@ -1353,8 +1736,10 @@ IndexerStats Indexer::Stats() const {
   std::sort(st.streams.begin(), st.streams.end(), [](const StreamStats& a, const StreamStats& b) {
     return std::tie(a.source, a.dp_rank) < std::tie(b.source, b.dp_rank);
   });
-  {
-    // page_count * page_size; the connection is used under db_mu only.
+  st.sqlite_bytes = d.sqlite_bytes.load();
+  if (d.opt.read_only) {
+    // No writer here: the connection is free (used under db_mu only). A writer's Stats never
+    // waits for SQLite: the size is kept after each write.
     MutexLock l(&const_cast<Impl&>(d).db_mu);
     Stmt q;
     if (q.Prepare(d.db,
@@ -1376,6 +1761,7 @@ void Indexer::Dump(const std::function<bool(const DumpEntry&)>& fn) const {
   const std::vector<std::string>* names = &d.source_names;
   mem->ForEachHolding([&](uint32_t node, uint32_t inst, uint32_t medium, uint32_t group,
                           uint32_t ref, uint64_t since) {
+    if (mem->Hidden(inst)) return;  // being cleared
     DumpEntry e;
     e.source = (*names)[mem->InstanceSource(inst) - 1];
     e.dp_rank = mem->InstanceRank(inst);

@@ -67,9 +67,13 @@ Result<std::vector<uint64_t>> ContentKeys(std::span<const int64_t> token_ids, in
 
 // ---------------------------------------------------------------------------------------------
 struct IndexerOptions {
-  // Byte budget of the in-memory structure; when exceeded, least-recently-used blocks (stored or
-  // scored longest ago) are dropped from memory (they stay in SQLite) and counted.
+  // Byte budget of the index: the SQLite page cache (below) plus the in-memory structure. When
+  // the structure exceeds the rest, least-recently-used blocks (stored or scored longest ago) are
+  // dropped from memory (they stay in SQLite) and counted.
   size_t memory_budget_bytes = size_t{1} << 30;
+  // SQLite page cache of the connection (PRAGMA cache_size), taken from memory_budget_bytes.
+  // 0: min(64 MiB, memory_budget_bytes / 8). Must be below memory_budget_bytes.
+  size_t sqlite_cache_bytes = 0;
   // Pending log rows (one per event) committed once this many are buffered...
   size_t flush_max_events = 8192;
   // ...or when the oldest pending row is this old (checked by ApplyBatch and the background
@@ -208,8 +212,10 @@ struct IndexerStats {
   int64_t entries_in_memory = 0;  // (stream, medium, group, block) entries
   size_t memory_bytes = 0;        // resident bytes of the scoring structure
   size_t memory_budget_bytes = 0;
-  int64_t log_rows_pending = 0;  // log rows not yet compacted
-  int64_t sqlite_bytes = 0;      // database file size (page_count * page_size)
+  size_t sqlite_cache_bytes = 0;    // the page cache's share of the budget
+  int64_t sqlite_memory_bytes = 0;  // what SQLite holds now (process-wide: sqlite3_memory_used)
+  int64_t log_rows_pending = 0;     // log rows not yet compacted
+  int64_t sqlite_bytes = 0;         // database file size (page_count * page_size)
   int64_t schema_version = 0;
 };
 

@@ -5,14 +5,6 @@
 #include <bit>
 
 namespace kvo::indexer_internal {
-namespace {
-
-constexpr size_t kMaxInstances = 0xFFFF;
-constexpr size_t kMaxMedia = 0xFF;
-constexpr size_t kMaxGroups = 0xFF;
-
-}  // namespace
-
 MemoryIndex::MemoryIndex() {
   media_ = {"GPU", "CPU", "STORAGE"};
   bits_.clear();
@@ -23,27 +15,45 @@ uint32_t MemoryIndex::InstanceId(uint32_t source_id, int64_t dp_rank) {
   if (const uint32_t* id = instance_by_key_.Find(key)) return *id;
   if (instances_.size() >= kMaxInstances) return UINT32_MAX;
   const uint32_t id = static_cast<uint32_t>(instances_.size());
-  instances_.push_back({source_id, dp_rank, {}});
+  instances_.emplace_back();
+  instances_.back().source_id = source_id;
+  instances_.back().dp_rank = dp_rank;
   instance_by_key_.Insert(key, id);
   const size_t need_words = (instances_.size() + 63) / 64;
   if (need_words > words_) Reshape(need_words, media_slots_);
   return id;
 }
 
-uint32_t MemoryIndex::MediumId(const std::string& name) {
+uint32_t MemoryIndex::FindInstance(uint32_t source_id, int64_t dp_rank) const {
+  const uint64_t key = (uint64_t{source_id} << 32) ^ static_cast<uint64_t>(dp_rank);
+  const uint32_t* id = instance_by_key_.Find(key);
+  return id ? *id : UINT32_MAX;
+}
+
+uint32_t MemoryIndex::FindMedium(const std::string& name) const {
   for (size_t i = 0; i < media_.size(); ++i) {
     if (media_[i] == name) return static_cast<uint32_t>(i);
   }
-  if (media_.size() >= kMaxMedia) return UINT32_MAX;
+  return UINT32_MAX;
+}
+
+uint32_t MemoryIndex::FindGroup(int64_t group) const {
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    if (groups_[i] == group) return static_cast<uint32_t>(i);
+  }
+  return UINT32_MAX;
+}
+
+uint32_t MemoryIndex::MediumId(const std::string& name) {
+  if (const uint32_t m = FindMedium(name); m != UINT32_MAX) return m;
+  if (media_.size() >= kMaxMedia || name.size() > kMaxMediumNameBytes) return UINT32_MAX;
   media_.push_back(name);
   if (media_.size() > media_slots_) Reshape(words_, media_slots_ * 2);
   return static_cast<uint32_t>(media_.size() - 1);
 }
 
 uint32_t MemoryIndex::GroupId(int64_t group) {
-  for (size_t i = 0; i < groups_.size(); ++i) {
-    if (groups_[i] == group) return static_cast<uint32_t>(i);
-  }
+  if (const uint32_t g = FindGroup(group); g != UINT32_MAX) return g;
   if (groups_.size() >= kMaxGroups) return UINT32_MAX;
   groups_.push_back(group);
   return static_cast<uint32_t>(groups_.size() - 1);
@@ -126,6 +136,7 @@ bool MemoryIndex::Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t
   uint32_t node = NodeByEngine(engine_hash);
   if (node == kNoNode) node = NewNode(engine_hash);
   Node& n = nodes_[node];
+  std::atomic_ref<uint32_t>(n.last_used).store(store_tick_, std::memory_order_relaxed);
   if (content_key != 0) {
     if (n.content_key == 0) {
       n.content_key = content_key;
@@ -147,12 +158,13 @@ bool MemoryIndex::Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t
     return true;
   }
   holdings_.Insert(key, PackHolding(seq, refcount));
+  ++in.entries[medium];
   Row(node, medium)[inst / 64] |= uint64_t{1} << (inst % 64);
   return false;
 }
 
 void MemoryIndex::ReleaseHolding(uint32_t node, uint32_t inst, uint32_t medium, uint32_t group) {
-  holdings_.Erase(HoldingKey(node, inst, medium, group));
+  if (holdings_.Erase(HoldingKey(node, inst, medium, group))) --instances_[inst].entries[medium];
   for (uint32_t g : instances_[inst].groups) {
     if (g != group && holdings_.Find(HoldingKey(node, inst, medium, g)) != nullptr) return;
   }
@@ -199,6 +211,9 @@ std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
     } else if (n_inst - lo < 64) {
       alive[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
     }
+  }
+  for (uint32_t inst = 0; inst < n_inst; ++inst) {
+    if (instances_[inst].hidden) alive[inst / 64] &= ~(uint64_t{1} << (inst % 64));
   }
   std::vector<int64_t> depth(n_inst, 0);
   std::vector<int64_t> present(n_inst * M, 0), best(n_inst * M, 0);
@@ -290,6 +305,7 @@ std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
   for (uint32_t inst = 0; inst < n_inst; ++inst) {
     const size_t w = inst / 64;
     if (w >= filter.size() || !(filter[w] & (uint64_t{1} << (inst % 64)))) continue;
+    if (instances_[inst].hidden) continue;
     ScoreCounts c;
     c.instance = inst;
     c.depth = depth[inst];
@@ -300,13 +316,14 @@ std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
   return out;
 }
 
-std::vector<HolderInfo> MemoryIndex::Holders(uint32_t node) const {
+std::vector<HolderInfo> MemoryIndex::Holders(uint32_t node, bool include_hidden) const {
   std::vector<HolderInfo> out;
   for (uint32_t m = 0; m < media_.size(); ++m) {
     const uint64_t* r = Row(node, m);
     for (size_t w = 0; w < words_; ++w) {
       for (uint64_t b = r[w]; b; b &= b - 1) {
         const uint32_t inst = static_cast<uint32_t>(w * 64 + std::countr_zero(b));
+        if (!include_hidden && instances_[inst].hidden) continue;
         for (uint32_t g : instances_[inst].groups) {
           if (const uint64_t* h = holdings_.Find(HoldingKey(node, inst, m, g))) {
             out.push_back({inst, m, g, RefOf(*h), SinceOf(*h)});
@@ -348,8 +365,10 @@ int64_t MemoryIndex::EvictTo(size_t target_bytes) {
   int64_t dropped = 0;
   for (const auto& [age, node] : by_age) {
     if (BudgetBytes() <= target_bytes) break;
-    for (const HolderInfo& h : Holders(node)) {
-      holdings_.Erase(HoldingKey(node, h.instance, h.medium, h.group));
+    for (const HolderInfo& h : Holders(node, /*include_hidden=*/true)) {
+      if (holdings_.Erase(HoldingKey(node, h.instance, h.medium, h.group))) {
+        --instances_[h.instance].entries[h.medium];
+      }
     }
     FreeNode(node);
     ++dropped;
@@ -359,9 +378,16 @@ int64_t MemoryIndex::EvictTo(size_t target_bytes) {
 
 std::vector<std::vector<int64_t>> MemoryIndex::EntriesPerInstanceMedium() const {
   std::vector<std::vector<int64_t>> out(instances_.size(), std::vector<int64_t>(media_.size(), 0));
-  holdings_.ForEach(
-      [&](uint64_t key, uint64_t) { out[(key >> 16) & 0xFFFF][(key >> 8) & 0xFF] += 1; });
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    for (size_t m = 0; m < media_.size(); ++m) out[i][m] = instances_[i].entries[m];
+  }
   return out;
+}
+
+int64_t MemoryIndex::InstanceEntries(uint32_t inst) const {
+  int64_t n = 0;
+  for (int64_t e : instances_[inst].entries) n += e;
+  return n;
 }
 
 }  // namespace kvo::indexer_internal

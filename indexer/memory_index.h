@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,6 +24,13 @@
 namespace kvo::indexer_internal {
 
 inline constexpr uint32_t kNoNode = UINT32_MAX;
+// Registry bounds. Media cost memory in every node's bit row (slots grow x2 past 3), so the
+// medium table is small: vLLM publishes GPU, CPU and a storage tier or two. Names are bounded
+// because they are interned forever.
+inline constexpr size_t kMaxInstances = 0xFFFF;
+inline constexpr size_t kMaxMedia = 16;
+inline constexpr size_t kMaxMediumNameBytes = 64;
+inline constexpr size_t kMaxGroups = 0xFF;
 
 struct ScoreCounts {
   uint32_t instance = 0;
@@ -85,6 +93,11 @@ class MemoryIndex {
   uint32_t InstanceId(uint32_t source_id, int64_t dp_rank);  // creates
   uint32_t MediumId(const std::string& name);                // creates
   uint32_t GroupId(int64_t group);                           // creates
+  // Lookups that never create (UINT32_MAX when absent): validate a batch before changing state.
+  uint32_t FindInstance(uint32_t source_id, int64_t dp_rank) const;
+  uint32_t FindMedium(const std::string& name) const;
+  uint32_t FindGroup(int64_t group) const;
+  size_t group_count() const { return groups_.size(); }
   size_t instance_count() const { return instances_.size(); }
   uint32_t InstanceSource(uint32_t inst) const { return instances_[inst].source_id; }
   int64_t InstanceRank(uint32_t inst) const { return instances_[inst].dp_rank; }
@@ -112,7 +125,22 @@ class MemoryIndex {
   // medium when medium == UINT32_MAX). Returns the number of entries removed.
   template <class Pred>
   int64_t ClearWhere(Pred pred, uint32_t medium);
+  // Incremental clear: removes the entries of instances for which pred(inst) is true held in
+  // holding-table slots [*cursor, *cursor + max_slots), advancing *cursor (wraps to 0 at the
+  // end). Call under the writer lock, releasing it between calls; repeat until
+  // InstanceEntries() of every cleared instance is 0 (entries moved across the cursor by other
+  // writers are found by the next pass). Returns the entries removed.
+  template <class Pred>
+  int64_t ClearSlots(Pred pred, size_t* cursor, size_t max_slots);
+  // A hidden instance is left out of Score, Holders and the per-instance counts that readers
+  // see (while its entries are cleared in steps).
+  void SetHidden(uint32_t inst, bool hidden) { instances_[inst].hidden = hidden; }
+  bool Hidden(uint32_t inst) const { return instances_[inst].hidden; }
+  // Entries held by an instance (all media), kept up to date by every mutation.
+  int64_t InstanceEntries(uint32_t inst) const;
   void Touch(uint32_t node, uint32_t tick);
+  // The LRU tick that Store gives the nodes it stores (the budget keeps recent stores).
+  void set_store_tick(uint32_t tick) { store_tick_ = tick; }
 
   // ---- scoring ----
   // keys: engine hashes (by_engine) or content keys. filter: instance mask (W words, may be
@@ -122,20 +150,21 @@ class MemoryIndex {
                                  const std::vector<uint64_t>& filter,
                                  const std::vector<double>& weights, uint32_t tick,
                                  int64_t* first_block_size) const;
-  std::vector<HolderInfo> Holders(uint32_t node) const;
+  std::vector<HolderInfo> Holders(uint32_t node, bool include_hidden = false) const;
   bool InstanceHolds(uint32_t node, uint32_t inst) const;
   size_t words() const { return words_; }
 
   // ---- accounting and budget ----
   size_t node_count() const { return live_nodes_; }
   size_t entry_count() const { return holdings_.size(); }
+  size_t HoldingSlots() const { return holdings_.capacity(); }
   size_t AllocatedBytes() const;
   // Live-content estimate at the nominal load factor 0.5: what the budget is compared with.
   size_t BudgetBytes() const;
   // Drops least-recently-used nodes until BudgetBytes() <= target. Returns nodes dropped.
   int64_t EvictTo(size_t target_bytes);
 
-  // Entries held per (instance, medium).
+  // Entries held per (instance, medium): O(instances x media), counts kept by every mutation.
   std::vector<std::vector<int64_t>> EntriesPerInstanceMedium() const;
   template <class F>
   void ForEachHolding(F&& f) const;  // f(node, inst, medium, group, refcount, since)
@@ -149,9 +178,11 @@ class MemoryIndex {
     uint16_t live = 0;
   };
   struct Instance {
-    uint32_t source_id;
-    int64_t dp_rank;
+    uint32_t source_id = 0;
+    int64_t dp_rank = 0;
     std::vector<uint32_t> groups;  // group ids this instance has used
+    bool hidden = false;
+    std::array<int64_t, kMaxMedia> entries{};  // held entries per medium
   };
 
   static uint64_t HoldingKey(uint32_t node, uint32_t inst, uint32_t medium, uint32_t group) {
@@ -191,7 +222,8 @@ class MemoryIndex {
   FlatTable<uint64_t> holdings_;
   std::vector<uint64_t> bits_;
   size_t words_ = 1;
-  size_t media_slots_ = 3;  // GPU, CPU, STORAGE; grows (x2) when other media appear
+  size_t media_slots_ = 3;
+  uint32_t store_tick_ = 0;  // GPU, CPU, STORAGE; grows (x2) when other media appear
 };
 
 template <class Pred>
@@ -208,6 +240,27 @@ int64_t MemoryIndex::ClearWhere(Pred pred, uint32_t medium) {
           {static_cast<uint32_t>(key >> 32), inst, m, static_cast<uint32_t>(key & 0xFF)});
     }
   });
+  for (const Victim& v : victims) ReleaseHolding(v.node, v.inst, v.medium, v.group);
+  return static_cast<int64_t>(victims.size());
+}
+
+template <class Pred>
+int64_t MemoryIndex::ClearSlots(Pred pred, size_t* cursor, size_t max_slots) {
+  struct Victim {
+    uint32_t node, inst, medium, group;
+  };
+  std::vector<Victim> victims;
+  if (*cursor >= holdings_.capacity()) *cursor = 0;
+  const size_t end = std::min(holdings_.capacity(), *cursor + max_slots);
+  holdings_.ForEachInSlots(*cursor, end, [&](uint64_t key, uint64_t) {
+    const uint32_t inst = static_cast<uint32_t>((key >> 16) & 0xFFFF);
+    if (pred(inst)) {
+      victims.push_back({static_cast<uint32_t>(key >> 32), inst,
+                         static_cast<uint32_t>((key >> 8) & 0xFF),
+                         static_cast<uint32_t>(key & 0xFF)});
+    }
+  });
+  *cursor = end >= holdings_.capacity() ? 0 : end;
   for (const Victim& v : victims) ReleaseHolding(v.node, v.inst, v.medium, v.group);
   return static_cast<int64_t>(victims.size());
 }
