@@ -88,7 +88,8 @@ void KvEventFold::Apply(const EventStream& stream, const KvEvent& event) {
     return;
   }
   // AllBlocksCleared: the stream's GPU entries (medium id 0), nothing else.
-  std::erase_if(counts_, [sid](const auto& kv) { return kv.first.stream == sid && kv.first.medium == 0; });
+  std::erase_if(counts_,
+                [sid](const auto& kv) { return kv.first.stream == sid && kv.first.medium == 0; });
 }
 
 void KvEventFold::ClearStream(const EventStream& stream) {

@@ -31,6 +31,12 @@
 
 namespace kvo {
 
+// The medium an event means: its `medium`, GPU when it names none (vLLM before #19737). Every
+// reader of events uses this rule.
+inline std::string_view MediumOf(const std::optional<std::string>& medium) {
+  return medium.has_value() ? std::string_view(*medium) : std::string_view(kMediumGpu);
+}
+
 // A publisher stream: vLLM's (publisher, data_parallel_rank).
 struct EventStream {
   std::string source;
@@ -108,7 +114,7 @@ class KvEventFold {
 
   std::unordered_map<Key, int64_t, KeyHash> counts_;
   std::vector<EventStream> streams_;
-  std::vector<std::string> media_;       // media_[0] == "GPU"
+  std::vector<std::string> media_;        // media_[0] == "GPU"
   std::vector<std::string> residencies_;  // residencies_[0]: unset (empty)
   uint64_t batches_ = 0;
   uint64_t unknown_removals_ = 0;

@@ -252,7 +252,7 @@ Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
   const size_t first = changed->size();
   if (success) {
     for (size_t i = 0; i < keys.size(); ++i) {
-      BlockStatus* block = blocks_[i];  // valid: nothing is removed on this path
+      BlockStatus* block = blocks_[i];                   // valid: nothing is removed on this path
       if (block == nullptr || block->ready()) continue;  // absent, or already stored (repeated)
       block->ref_cnt = 0;
       --num_pending_writes_;
@@ -324,7 +324,8 @@ void CpuTier::ListReady(std::vector<OffloadKey>* out) const {
     std::vector<std::pair<int32_t, OffloadKey>> ready;
     fast_table_->ForEach([&](uint32_t i) {
       const policy_internal::Node& n = fast_table_->at(i);
-      if (n.list() <= fast_max_list_ && n.status.ready()) ready.emplace_back(n.status.slot, n.Key());
+      if (n.list() <= fast_max_list_ && n.status.ready())
+        ready.emplace_back(n.status.slot, n.Key());
     });
     std::sort(ready.begin(), ready.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });

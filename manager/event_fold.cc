@@ -20,15 +20,13 @@ void JournalFold::Apply(const EventBatch& batch) {
   }
 }
 
-std::map<std::pair<int64_t, uint64_t>, int64_t> JournalFold::Hashes(
-    std::string_view medium) const {
+std::map<std::pair<int64_t, uint64_t>, int64_t> JournalFold::Hashes(std::string_view medium) const {
   std::map<std::pair<int64_t, uint64_t>, int64_t> out;
   for (const auto& [id, n] : fold_.ByBlock(medium)) out[{id.group, id.hash}] += n;
   return out;
 }
 
-std::shared_ptr<const BlockStored> JournalFold::Described(int64_t group,
-                                                          uint64_t last_hash) const {
+std::shared_ptr<const BlockStored> JournalFold::Described(int64_t group, uint64_t last_hash) const {
   auto it = described_.find({group, last_hash});
   return it == described_.end() ? nullptr : it->second;
 }

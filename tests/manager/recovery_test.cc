@@ -135,7 +135,8 @@ class RecoveryTest : public ::testing::TestWithParam<std::tuple<bool, std::strin
     EXPECT_EQ(fold->Hashes(kMediumCpu), snap->cpu_hashes);
     EXPECT_EQ(fold->Hashes(kMediumStorage), snap->storage_hashes);
     // Every chunk the manager holds is announced: its wire hash (the chunk's last) is held.
-    for (const OffloadKey& k : snap->cpu) EXPECT_GT(snap->cpu_hashes.count({k.group(), k.Wire()}), 0u);
+    for (const OffloadKey& k : snap->cpu)
+      EXPECT_GT(snap->cpu_hashes.count({k.group(), k.Wire()}), 0u);
     Status s = m.CheckInvariants();
     EXPECT_TRUE(s.ok()) << s.ToString();
   }

@@ -488,8 +488,7 @@ TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
 
 TEST_F(TieringTest, EventsComePrimaryFirstThenEachTier) {
   T(0).events.push_back(OffloadingEvent{Range(2, 3), kMediumStorage, false, {}, "", 0});
-  T(1).events.push_back(
-      OffloadingEvent{Range(3, 4), kMediumStorage, true, {}, "evicted", 0});
+  T(1).events.push_back(OffloadingEvent{Range(3, 4), kMediumStorage, true, {}, "evicted", 0});
   Store(Range(1, 2));
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   ASSERT_EQ(events.size(), 3u);
