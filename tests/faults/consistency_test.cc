@@ -272,8 +272,10 @@ TEST_F(ConsistencyTest, ManagerEventsAndIndexerAgreeThroughResetRestartAndRecove
     if (on_disk && !on_cpu) promoted = i;
   }
   ASSERT_GE(promoted, 0) << "no block only on disk";
+  // vLLM's asynchronous secondary lookup: RETRY, the verdict at the end of the step, then a
+  // promotion (HIT_PENDING) that lands with the next step.
   EXPECT_EQ(manager_->Lookup(K(promoted), Ctx()), LookupResult::kRetry);
-  Step();
+  manager_->OnScheduleEnd();
   EXPECT_EQ(manager_->Lookup(K(promoted), Ctx()), LookupResult::kHitPending);
   Step();
   EXPECT_EQ(manager_->Lookup(K(promoted), Ctx()), LookupResult::kHit);
