@@ -5,6 +5,7 @@
 #include "events/block_hash.h"
 #include "events/codec.h"
 #include "events/event.h"
+#include "events/event_fold.h"
 #include "events/event_json.h"
 #include "events/journal.h"
 #include "events/kv_events_config.h"

@@ -98,8 +98,14 @@ std::optional<size_t> HashParityDoctor::CountMatches(const BlockStored& stored, 
     if (h.kind == BlockHash::Kind::kInt) return std::nullopt;  // Python's builtin hash()
   }
   BlockHasher* hasher = algo == HashAlgo::kSha256 ? hasher_sha256_.get() : hasher_cbor_.get();
+  // vLLM's offload events (CPU, STORAGE; B.9) carry the request's lora_name but never extra_keys,
+  // although the engine hashed every block with (lora_name,) first in its extra keys (A.7): such
+  // an event means those extra keys. (GPU events always carry extra_keys, one per hash.)
+  const bool offload_lora = extra_mode == kExtraAsEvent && !stored.extra_keys &&
+                            stored.lora_name.has_value() && stored.medium.has_value() &&
+                            *stored.medium != kMediumGpu;
   Value lora;
-  if (extra_mode == kExtraLora) {
+  if (extra_mode == kExtraLora || offload_lora) {
     if (!stored.lora_name) return std::nullopt;
     lora.v = ValueArray{Value{*stored.lora_name}};
   }
@@ -109,7 +115,7 @@ std::optional<size_t> HashParityDoctor::CountMatches(const BlockStored& stored, 
     std::string digest;
     for (size_t j = 0; j < sub_blocks; ++j) {
       const Value* extra = nullptr;
-      if (extra_mode == kExtraLora) {
+      if (extra_mode == kExtraLora || offload_lora) {
         extra = &lora;
       } else if (extra_mode == kExtraAsEvent && j + 1 == sub_blocks && stored.extra_keys &&
                  i < stored.extra_keys->size()) {

@@ -42,6 +42,9 @@ CpuTier::CpuTier(size_t num_blocks, std::unique_ptr<CachePolicy> policy, int64_t
     fast_table_ = &backed->table();
     fast_max_list_ = backed->max_cached_list();
   }
+  // A reset announces the removal of every ready block, so with events on the blocks must be
+  // enumerable: the built-in policies' tables are; other policies get the slot-key table.
+  if (enable_events_ && fast_table_ == nullptr && slot_keys_.empty()) slot_keys_.resize(num_blocks);
 }
 
 Status CpuTier::PrepareLoad(std::span<const OffloadKey> keys, std::vector<int32_t>* slots) {
@@ -242,21 +245,15 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
 
 Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
                               std::vector<OffloadKey>* changed) {
+  // vLLM's complete_store: keys absent from the policy (never prepared, evicted, reset) are
+  // ignored, as are ready ones; every other key is applied.
   blocks_.clear();
-  for (const OffloadKey& key : keys) {  // validate first: nothing changes on error
-    BlockStatus* block = policy_->Get(key);
-    blocks_.push_back(block);
-    if (block == nullptr) {
-      return Status::FailedPrecondition("complete_store: block " + key.Hex() + " (group " +
-                                        std::to_string(key.group()) +
-                                        ") is not in the CPU tier (never prepared, or reset)");
-    }
-  }
+  for (const OffloadKey& key : keys) blocks_.push_back(policy_->Get(key));
   const size_t first = changed->size();
   if (success) {
     for (size_t i = 0; i < keys.size(); ++i) {
-      BlockStatus* block = blocks_[i];  // valid: nothing is removed on this path
-      if (block->ready()) continue;     // already stored (or repeated): no duplicate event
+      BlockStatus* block = blocks_[i];                   // valid: nothing is removed on this path
+      if (block == nullptr || block->ready()) continue;  // absent, or already stored (repeated)
       block->ref_cnt = 0;
       --num_pending_writes_;
       ++num_evictable_;
@@ -321,7 +318,20 @@ void CpuTier::AddEvent(OffloadingEvent event) {
 }
 
 void CpuTier::ListReady(std::vector<OffloadKey>* out) const {
-  if (slot_keys_.empty()) return;
+  if (slot_keys_.empty()) {
+    if (fast_table_ == nullptr) return;
+    // Slot order, as with the slot-key table (the hash table's order is arbitrary).
+    std::vector<std::pair<int32_t, OffloadKey>> ready;
+    fast_table_->ForEach([&](uint32_t i) {
+      const policy_internal::Node& n = fast_table_->at(i);
+      if (n.list() <= fast_max_list_ && n.status.ready())
+        ready.emplace_back(n.status.slot, n.Key());
+    });
+    std::sort(ready.begin(), ready.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [slot, key] : ready) out->push_back(std::move(key));
+    return;
+  }
   for (size_t s = 0; s < num_allocated_; ++s) {
     const BlockStatus* block = policy_->Get(slot_keys_[s]);
     if (block != nullptr && block->slot == static_cast<int32_t>(s) && block->ready()) {

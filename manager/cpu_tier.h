@@ -83,7 +83,9 @@ class CpuTier {
   void RecycleEvents(std::vector<OffloadingEvent>* events);
 
   const BlockStatus* Find(const OffloadKey& key) { return policy_->Get(key); }
-  // REQUIRES: track_slots().
+  // Appends the ready blocks in slot order: from the slot-key table when tracked, else from a
+  // built-in policy's table (nothing for other policies without tracking: with events on they
+  // are always tracked).
   void ListReady(std::vector<OffloadKey>* out) const;
   bool track_slots() const { return !slot_keys_.empty() || num_blocks_ == 0; }
   void FillStats(ManagerStats* stats) const;

@@ -55,13 +55,6 @@ BlockStored EventTranslator::DescribedStored(const OffloadKey& key, const ChunkM
 }
 
 void EventTranslator::Translate(const OffloadingEvent& event, std::vector<KvEvent>* out) {
-  if (event.all_cleared) {
-    // Consumers drop everything: no removal will repeat metadata any more. Blocks re-announced
-    // after this are placeholders (their metadata went with the reset).
-    out->emplace_back(AllBlocksCleared{});
-    entries_.clear();
-    return;
-  }
   if (event.keys.empty()) return;
   const uint64_t bit = Bit(event.tier);
   if (!event.removed) {

@@ -327,7 +327,7 @@ Result<std::unique_ptr<OffloadMetricsExporter>> OffloadMetricsExporter::Create(
       e->events_,
       registry->AddCounterFamily(std::string(kvo_metric::kEvents),
                                  "Block events emitted by the offload manager, by medium and kind "
-                                 "(stored, or the removal reason); AllBlocksCleared counts 1.",
+                                 "(stored, or the removal reason).",
                                  event_labels));
   KVO_ASSIGN_OR_RETURN(
       CounterFamily * published,

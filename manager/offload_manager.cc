@@ -55,8 +55,7 @@ size_t KindIndex(const OffloadingEvent& e) {
 
 void CountEvents(std::span<const OffloadingEvent> events, EventCounts* counts) {
   for (const OffloadingEvent& e : events) {
-    const uint64_t n = e.all_cleared ? 1 : e.keys.size();
-    counts->blocks[e.all_cleared ? 0 : MediumIndex(e.medium)][KindIndex(e)] += n;
+    counts->blocks[MediumIndex(e.medium)][KindIndex(e)] += e.keys.size();
   }
 }
 
@@ -249,9 +248,13 @@ bool OffloadManager::HasPendingWork() const {
 void OffloadManager::ResetCache() {
   Impl& m = *impl_;
   if (!m.tiers.empty()) m.ResetTiering();  // drains tier I/O touching CPU slots first
+  // The CPU blocks announced (ready) go with the reset: one removal, as consumers read it
+  // (vLLM's AllBlocksCleared means "the GPU prefix cache", never the CPU tier).
+  std::vector<OffloadKey> ready;
+  if (m.options.enable_events) m.cpu.ListReady(&ready);
   m.cpu.Reset();
   if (!m.options.enable_events) return;  // the tiers keep their own queues
-  // The tiers' queued events happened before the clear: keep them before it.
+  // The tiers' queued events happened before the reset: keep them before its removal.
   for (size_t i = 0; i < m.tiers.size(); ++i) {
     m.taken.clear();
     m.tiers[i]->TakeEvents(&m.taken);
@@ -261,22 +264,14 @@ void OffloadManager::ResetCache() {
     }
   }
   m.taken.clear();
+  if (ready.empty()) return;
   OffloadingEvent cleared;
+  cleared.keys = std::move(ready);
+  cleared.medium = kMediumCpu;
   cleared.removed = true;
   cleared.reason = kReasonCleared;
-  cleared.all_cleared = true;
   m.cpu.AddEvent(std::move(cleared));
-  // The secondary tiers keep their data: announce it again after the clear.
-  for (size_t i = 0; i < m.tiers.size(); ++i) {
-    if (!m.tiers[i]->publishes_events()) continue;
-    OffloadingEvent e;
-    m.tiers[i]->ListHeld(&e.keys);
-    if (e.keys.empty()) continue;
-    e.medium = std::string(m.tiers[i]->medium());
-    e.locality = m.tiers[i]->locality();
-    e.tier = static_cast<int32_t>(i + 1);
-    m.cpu.AddEvent(std::move(e));
-  }
+  // The secondary tiers keep their data and their announcements.
 }
 
 std::vector<OffloadingEvent> OffloadManager::TakeEvents() {

@@ -80,9 +80,6 @@ struct OffloadingEvent {
   std::optional<std::string> locality;
   std::string reason;  // removals only: kReasonEvicted | kReasonFailed | kReasonCleared | ...
   int32_t tier = 0;    // 0: the CPU primary tier; i + 1: secondary tier i
-  // ResetCache: everything announced so far is gone (vLLM's AllBlocksCleared); keys is empty and
-  // the blocks the secondary tiers still hold are re-announced by the events that follow.
-  bool all_cleared = false;
 
   friend bool operator==(const OffloadingEvent&, const OffloadingEvent&) = default;
 };
@@ -131,8 +128,8 @@ struct TierStats {
   BucketCounts lookup_async_delay;
 };
 
-// KV events taken from the manager, per medium and kind, in blocks (an AllBlocksCleared counts 1,
-// under medium "CPU" and kind "cleared").
+// KV events taken from the manager, per medium and kind, in blocks (a reset's removal counts its
+// blocks under medium "CPU" and kind "cleared").
 struct EventCounts {
   // Index = medium (kMedia) x kind (kKinds).
   static constexpr const char* kMedia[] = {"CPU", "STORAGE", "GPU", "other"};
@@ -276,9 +273,10 @@ class OffloadManager {
   // scheduler loop allocates nothing once warm): true when stored, false for "cannot store".
   Result<bool> PrepareStore(std::span<const OffloadKey> keys, const RequestContext& ctx,
                             PrepareStoreOutput* out);
-  // Success: keys not yet ready become ready (one stored event; already-ready keys are ignored)
-  // and are cascaded to every secondary tier. Failure: not-ready keys are dropped, no event.
-  // FailedPrecondition when a key is unknown (nothing changes).
+  // Success: keys not yet ready become ready (one stored event) and are cascaded to every
+  // secondary tier. Failure: not-ready keys are dropped, no event. As in vLLM, keys that are
+  // already ready or not in the CPU tier at all (evicted, reset, never prepared) are ignored and
+  // the rest of the call is applied.
   Status CompleteStore(std::span<const OffloadKey> keys, const RequestContext& ctx,
                        bool success = true);
 
@@ -294,8 +292,9 @@ class OffloadManager {
   void OnScheduleEnd();
   bool HasPendingWork() const;
   // Drains the secondary tiers' jobs, then clears the CPU tier (secondary data persists). Announced
-  // as vLLM's AllBlocksCleared (the engine's prefix-cache reset), followed by a stored event for
-  // every block the secondary tiers still hold, so consumers stay exact per medium.
+  // as one CPU removal (reason "cleared") of every ready CPU block: never as AllBlocksCleared,
+  // which vLLM's consumers read as "the GPU prefix cache is gone" (schemas/kv_events.md,
+  // Semantics). The secondary tiers' announcements stand.
   void ResetCache();
 
   // The OffloadingEvents since the last take: CPU tier first, then each secondary tier's.

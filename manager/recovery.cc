@@ -29,76 +29,75 @@ ChunkMetadata MetadataOf(const BlockStored& s) {
   return m;
 }
 
-// Collects the restart removals: one BlockRemoved per (medium, group, locality).
+// Collects the restart removals: one BlockRemoved per (medium, group, residency), each hash listed
+// once per reference the consumers hold.
 class Removals {
  public:
   explicit Removals(std::vector<KvEvent>* out) : out_(out) {}
-  void Add(const std::string& medium, int64_t group, const Announcement& a) {
-    if (last_ != index_.end() && std::get<0>(last_->first) == medium &&
-        std::get<1>(last_->first) == group && std::get<2>(last_->first) == a.locality) {
-      Append(last_->second, a);  // the usual case: the same event as the previous chunk
-      return;
-    }
-    auto [it, inserted] = index_.emplace(std::make_tuple(medium, group, a.locality), out_->size());
-    last_ = it;
+  void Add(const std::string& medium, int64_t group, const std::optional<std::string>& residency,
+           uint64_t hash, int64_t count) {
+    auto [it, inserted] = index_.emplace(std::make_tuple(medium, group, residency), out_->size());
     if (inserted) {
       BlockRemoved r;
       r.medium = medium;
       r.group_idx = group;
-      r.locality = a.locality;
+      r.locality = residency;
       r.reason = kReasonRestart;
       out_->emplace_back(std::move(r));
     }
-    Append(it->second, a);
+    auto& removed = std::get<BlockRemoved>((*out_)[it->second]);
+    for (int64_t i = 0; i < count; ++i) removed.block_hashes.push_back(BlockHash::Uint(hash));
+    blocks_ += static_cast<uint64_t>(count);
   }
-  uint64_t chunks() const { return chunks_; }
+  uint64_t blocks() const { return blocks_; }
 
  private:
-  void Append(size_t event, const Announcement& a) {
-    auto& removed = std::get<BlockRemoved>((*out_)[event]);
-    for (uint64_t h : a.hashes) removed.block_hashes.push_back(BlockHash::Uint(h));
-    ++chunks_;
-  }
-
   std::vector<KvEvent>* out_;
-  using Index = std::map<std::tuple<std::string, int64_t, std::optional<std::string>>, size_t>;
-  Index index_;
-  Index::const_iterator last_ = index_.end();
-  uint64_t chunks_ = 0;
+  std::map<std::tuple<std::string, int64_t, std::optional<std::string>>, size_t> index_;
+  uint64_t blocks_ = 0;
 };
+
+using ResidentBlock = std::tuple<int64_t, uint64_t, std::optional<std::string>>;
 
 }  // namespace
 
 Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions options,
                                                                 Journal& journal) {
-  KVO_ASSIGN_OR_RETURN(EventFold fold, ReplayJournal(journal));
+  KVO_ASSIGN_OR_RETURN(JournalFold journaled, ReplayJournal(journal));
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadManager> manager, Create(std::move(options)));
   Impl& m = *manager->impl_;
 
+  // What consumers hold (the fold, schemas/kv_events.md "Semantics") against what survived: the
+  // difference is one batch of removals, then stores.
   std::vector<KvEvent> events;
   Removals removals(&events);
-  const std::vector<std::pair<EventFold::ChunkId, const FoldedChunk*>> chunks = fold.Sorted();
   // 1. The CPU tier is volatile: everything it announced is gone.
-  for (const auto& [id, chunk] : chunks) {
-    if (id.medium != EventFold::Medium::kCpu) continue;
-    for (const Announcement& a : chunk->held) removals.Add(kMediumCpu, id.group, a);
+  // 2. The STORAGE announcements still open, to be matched with the tiers' blocks.
+  std::map<ResidentBlock, int64_t> open;
+  for (const FoldEntry& e : journaled.fold().Entries()) {
+    if (e.medium == kMediumCpu) {
+      removals.Add(kMediumCpu, e.group, e.residency, e.hash, e.refcount);
+    } else if (e.medium == kMediumStorage) {
+      open[{e.group, e.hash, e.residency}] += e.refcount;
+    }
   }
-  const uint64_t cpu_chunks = removals.chunks();
+  const uint64_t cpu_blocks = removals.blocks();
 
-  // 2. Each publishing secondary tier's blocks, matched against the journal's announcements of
-  // the same chunk and locality: matched ones stay (in the form they were announced in), the
-  // others are announced now; announcements nobody matched are removed.
-  // open[k]: the still unmatched announcements of the k-th STORAGE chunk (in ChunkId order).
-  std::vector<std::pair<int64_t, std::vector<const Announcement*>>> open;
-  std::unordered_map<EventFold::ChunkId, size_t, EventFold::ChunkIdHash> open_index;
-  for (const auto& [id, chunk] : chunks) {
-    if (id.medium != EventFold::Medium::kStorage) continue;
-    open_index.emplace(id, open.size());
-    auto& [group, held] = open.emplace_back(id.group, std::vector<const Announcement*>());
-    for (const Announcement& a : chunk->held) held.push_back(&a);
-  }
+  // 3. Each publishing secondary tier's blocks: a block announced with the tier's locality (in
+  // the self-describing form its chunk was announced in, else as a placeholder) stays; the others
+  // are announced now. Announcements nobody matched are removed.
+  auto take = [&open](int64_t group, const std::vector<uint64_t>& hashes,
+                      const std::optional<std::string>& residency) {
+    for (uint64_t h : hashes) {
+      auto it = open.find({group, h, residency});
+      if (it == open.end() || it->second <= 0) return false;
+    }
+    for (uint64_t h : hashes) --open[{group, h, residency}];
+    return true;
+  };
   std::vector<KvEvent> stores;
   std::vector<OffloadKey> keys;
+  std::vector<uint64_t> hashes;
   for (size_t i = 0; i < m.tiers.size(); ++i) {
     SecondaryTier& t = *m.tiers[i];
     if (!t.publishes_events()) continue;
@@ -106,24 +105,19 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
     keys.clear();
     t.ListHeld(&keys);
     for (const OffloadKey& key : keys) {
-      auto it = open_index.find({EventFold::Medium::kStorage, key.group(), key.Wire()});
-      std::shared_ptr<const BlockStored> template_event;
-      if (it != open_index.end()) {
-        std::vector<const Announcement*>& held = open[it->second].second;
-        auto match = std::find_if(held.begin(), held.end(), [&](const Announcement* a) {
-          return a->locality == t.locality();
-        });
-        if (match != held.end()) {
-          if ((*match)->described) m.translator.Adopt(key, MetadataOf(*(*match)->described), tier);
-          held.erase(match);
+      const std::shared_ptr<const BlockStored> described =
+          journaled.Described(key.group(), key.Wire());
+      if (described != nullptr) {
+        hashes.clear();
+        for (const BlockHash& h : described->block_hashes) hashes.push_back(h.Low64());
+        if (take(key.group(), hashes, t.locality())) {
+          m.translator.Adopt(key, MetadataOf(*described), tier);
           continue;
         }
-        for (const Announcement* a : held) {
-          if (a->described) template_event = a->described;
-        }
       }
-      if (m.translator.self_describing() && template_event) {
-        ChunkMetadata meta = MetadataOf(*template_event);
+      if (take(key.group(), {key.Wire()}, t.locality())) continue;
+      if (m.translator.self_describing() && described != nullptr) {
+        ChunkMetadata meta = MetadataOf(*described);
         stores.emplace_back(
             EventTranslator::DescribedStored(key, meta, std::string(t.medium()), t.locality()));
         m.translator.Adopt(key, std::move(meta), tier);
@@ -133,17 +127,19 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
       }
     }
   }
-  for (const auto& [group, held] : open) {
-    for (const Announcement* a : held) removals.Add(kMediumStorage, group, *a);
+  for (const auto& [block, count] : open) {
+    if (count <= 0) continue;
+    const auto& [group, hash, residency] = block;
+    removals.Add(kMediumStorage, group, residency, hash, count);
   }
   const uint64_t announced_chunks = stores.size();
-  const uint64_t removed_chunks = removals.chunks() - cpu_chunks;
+  const uint64_t removed_blocks = removals.blocks() - cpu_blocks;
   for (KvEvent& e : stores) events.push_back(std::move(e));
 
   KVO_LOG_INFO(
-      "offload manager: recovered from {} journal batches: {} CPU chunks removed, {} storage "
-      "chunks removed, {} announced",
-      fold.batches(), cpu_chunks, removed_chunks, announced_chunks);
+      "offload manager: recovered from {} journal batches: {} CPU blocks removed, {} storage "
+      "blocks removed, {} chunks announced",
+      journaled.batches(), cpu_blocks, removed_blocks, announced_chunks);
   KVO_RETURN_IF_ERROR(m.SendBatch(std::move(events)));
   return manager;
 }

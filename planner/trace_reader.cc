@@ -100,7 +100,10 @@ Result<std::vector<TraceRequest>> ReadJournalWorkload(const std::string& dir,
     }
     for (const KvEvent& e : batch->events) {
       const auto* stored = std::get_if<BlockStored>(&e);
-      if (stored == nullptr || stored->medium != kMediumGpu || stored->block_hashes.empty()) {
+      // The engine's own cache is the GPU medium, as the events mean it (events/event_fold.h:
+      // an event without a medium is GPU).
+      if (stored == nullptr || MediumOf(stored->medium) != kMediumGpu ||
+          stored->block_hashes.empty()) {
         continue;
       }
       TraceRequest r;

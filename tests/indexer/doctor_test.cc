@@ -121,6 +121,30 @@ TEST(DoctorTest, NamesExtraKeys) {
   EXPECT_EQ(ok.report().state, ParityState::kOk);
 }
 
+TEST(DoctorTest, AcceptsVllmOffloadEventsOfLoraBlocks) {
+  // A healthy engine offloading LoRA blocks: its self-describing CPU (and STORAGE) events carry
+  // lora_name but no extra_keys (B.9), while the hashes include (lora_name,) (A.7).
+  Value lora;
+  lora.v = ValueArray{Value{std::string("sql-adapter")}};
+  for (const char* medium : {kMediumCpu, kMediumStorage}) {
+    BlockStored s = EngineStore(HashAlgo::kSha256, "0", 16, Tokens(32), {lora, lora});
+    s.lora_name = "sql-adapter";
+    s.medium = medium;
+    HashParityDoctor d("e", Config(HashAlgo::kSha256, "0", 16));
+    d.CheckStored(s);
+    EXPECT_EQ(d.report().state, ParityState::kOk) << medium << ": " << d.report().cause;
+    EXPECT_EQ(d.report().matched_blocks, 2u) << medium;
+  }
+  // The same offload event hashed without the LoRA name is still a mismatch, named.
+  BlockStored plain = EngineStore(HashAlgo::kSha256, "0", 16, Tokens(32));
+  plain.lora_name = "sql-adapter";
+  plain.medium = kMediumCpu;
+  HashParityDoctor bad("e", Config(HashAlgo::kSha256, "0", 16));
+  bad.CheckStored(plain);
+  EXPECT_EQ(bad.report().state, ParityState::kMismatch);
+  EXPECT_EQ(bad.report().cause, "extra_keys");
+}
+
 TEST(DoctorTest, VerifiesChainedEventsThroughRememberedParents) {
   std::vector<int64_t> tokens = Tokens(64);
   BlockStored all = EngineStore(HashAlgo::kSha256, "0", 16, tokens);

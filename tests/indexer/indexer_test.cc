@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "events/event_fold.h"
 #include "indexer/memory_index.h"
 #include "tests/testing/fault_report.h"
 #include "tests/testing/temp_dir.h"
@@ -245,44 +246,28 @@ TEST(IndexerTest, ExplainNamesHoldersAndBreaks) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference model: plain maps, the semantics of the header comment.
+// Reference model: the one meaning of the events (events/event_fold.h: reference counts per
+// stream, medium, group and hash; AllBlocksCleared drops the stream's GPU entries), plus plain
+// maps for what only the indexer adds (content keys, sequence numbers).
 struct Model {
-  struct Key {
-    std::string source;
-    int64_t rank;
-    std::string medium;
-    int64_t group;
-    uint64_t hash;
-    auto operator<=>(const Key&) const = default;
-  };
-  std::map<Key, int64_t> refs;
+  KvEventFold fold;
   std::map<uint64_t, uint64_t> content;  // hash -> content key (0 none), for existing nodes
   std::map<std::pair<std::string, int64_t>, uint64_t> seqs;
 
-  bool NodeExists(uint64_t h) const {
-    for (const auto& [k, r] : refs) {
-      if (k.hash == h) return true;
-    }
-    return false;
-  }
   void Gc() {
+    std::set<uint64_t> held;
+    for (const auto& [id, n] : fold.ByBlock()) held.insert(id.hash);
     for (auto it = content.begin(); it != content.end();) {
-      it = NodeExists(it->first) ? std::next(it) : content.erase(it);
+      it = held.count(it->first) ? std::next(it) : content.erase(it);
     }
-  }
-  void Store(const Key& k, uint64_t ck) {
-    if (!content.count(k.hash)) content[k.hash] = 0;
-    if (content[k.hash] == 0) content[k.hash] = ck;
-    refs[k] += 1;
   }
   void Apply(const std::string& src, int64_t rank, uint64_t seq, const EventBatch& b) {
     auto sk = std::make_pair(src, rank);
     if (seqs.count(sk) && seq <= seqs[sk]) return;
     seqs[sk] = seq;
+    const EventStream stream{src, rank};
     for (const auto& ev : b.events) {
       if (const auto* s = std::get_if<BlockStored>(&ev)) {
-        const std::string med = s->medium.value_or("GPU");
-        const int64_t g = s->group_idx.value_or(0);
         std::vector<uint64_t> cks(s->block_hashes.size(), 0);
         if (s->token_ids.empty()) {
           for (size_t i = 0; i < cks.size(); ++i) {
@@ -306,31 +291,21 @@ struct Model {
           }
         }
         for (size_t i = 0; i < cks.size(); ++i) {
-          Store({src, rank, med, g, s->block_hashes[i].Low64()}, cks[i]);
+          const uint64_t h = s->block_hashes[i].Low64();
+          if (!content.count(h)) content[h] = 0;
+          if (content[h] == 0) content[h] = cks[i];
         }
-      } else if (const auto* r = std::get_if<BlockRemoved>(&ev)) {
-        for (const auto& h : r->block_hashes) {
-          Key k{src, rank, r->medium.value_or("GPU"), r->group_idx.value_or(0), h.Low64()};
-          auto it = refs.find(k);
-          if (it == refs.end()) continue;
-          if (--it->second == 0) refs.erase(it);
-        }
-        Gc();
-      } else {
-        for (auto it = refs.begin(); it != refs.end();) {
-          it = (it->first.source == src && it->first.rank == rank && it->first.medium == "GPU")
-                   ? refs.erase(it)
-                   : std::next(it);
-        }
-        Gc();
       }
+      fold.Apply(stream, ev);
+      if (!std::holds_alternative<BlockStored>(ev)) Gc();
     }
   }
   // rank -1: every rank of the source (ClearSource); else one stream (ClearStream).
   void Clear(const std::string& src, int64_t rank) {
-    for (auto it = refs.begin(); it != refs.end();) {
-      const bool match = it->first.source == src && (rank < 0 || it->first.rank == rank);
-      it = match ? refs.erase(it) : std::next(it);
+    if (rank < 0) {
+      fold.ClearSource(src);
+    } else {
+      fold.ClearStream({src, rank});
     }
     for (auto it = seqs.begin(); it != seqs.end();) {
       const bool match = it->first.first == src && (rank < 0 || it->first.second == rank);
@@ -348,7 +323,9 @@ struct Model {
                                                           const std::vector<uint64_t>& keys,
                                                           const std::map<std::string, double>& w) {
     std::map<std::pair<std::string, int64_t>, std::map<uint64_t, std::set<std::string>>> held;
-    for (const auto& [k, r] : refs) held[{k.source, k.rank}][k.hash].insert(k.medium);
+    for (const auto& [k, r] : fold.ByBlock()) {
+      held[{k.stream.source, k.stream.dp_rank}][k.hash].insert(k.medium);
+    }
     std::map<std::pair<std::string, int64_t>, Answer> out;
     for (const auto& [inst, blocks] : held) {
       Answer a;

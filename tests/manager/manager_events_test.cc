@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "events/codec.h"
+#include "events/event_fold.h"
 #include "events/journal.h"
 #include "events/zmq_publisher.h"
 #include "manager/event_fold.h"
@@ -179,14 +180,22 @@ TEST(ManagerEventsTest, FailedStoreDropsMetadataAndEmitsNothing) {
   EXPECT_EQ(std::get<BlockStored>(Take(*m)[0]).block_size, 0);  // metadata went with the failure
 }
 
-TEST(ManagerEventsTest, ResetIsAllBlocksCleared) {
+TEST(ManagerEventsTest, ResetIsACpuRemovalThatConsumersUnderstand) {
+  // vLLM's consumers read AllBlocksCleared as "the GPU prefix cache is gone": a reset of the CPU
+  // tier must be announced as CPU removals, or every consumer keeps the CPU blocks.
   auto m = Make(2);
   StoreAll(*m, {K(1)});
   m->ResetCache();
   std::vector<KvEvent> events = Take(*m);
   ASSERT_EQ(events.size(), 2u);
   EXPECT_TRUE(std::holds_alternative<BlockStored>(events[0]));
-  EXPECT_TRUE(std::holds_alternative<AllBlocksCleared>(events[1]));
+  const auto* removed = std::get_if<BlockRemoved>(&events[1]);
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(removed->medium, std::optional<std::string>(kMediumCpu));
+  EXPECT_EQ(removed->reason, std::optional<std::string>(kReasonCleared));
+  KvEventFold fold;
+  for (const KvEvent& e : events) fold.Apply(e);
+  EXPECT_EQ(fold.size(), 0u);
 }
 
 TEST(ManagerEventsTest, PublishEventsAppendsOneBatchPerCallToTheJournal) {
@@ -226,7 +235,7 @@ TEST(ManagerEventsTest, PublishEventsAppendsOneBatchPerCallToTheJournal) {
 
   auto fold = ReplayJournal(**journal);
   ASSERT_TRUE(fold.ok());
-  EXPECT_EQ(fold->Chunks(kMediumCpu), (std::map<std::pair<int64_t, uint64_t>, int64_t>{
+  EXPECT_EQ(fold->Hashes(kMediumCpu), (std::map<std::pair<int64_t, uint64_t>, int64_t>{
                                           {{0, K(2).Wire()}, 1}, {{0, K(3).Wire()}, 1}}));
   EXPECT_EQ(m->GetStats().event_batches_published, 2u);
   EXPECT_EQ(m->GetStats().events_published, 4u);
@@ -256,7 +265,7 @@ TEST(ManagerEventsTest, AJournaledPublisherJournalsBeforeSending) {
   auto fold = ReplayJournal(**journal);
   ASSERT_TRUE(fold.ok()) << fold.status().ToString();
   EXPECT_EQ(fold->batches(), 2u);
-  EXPECT_EQ(fold->Chunks(kMediumCpu).size(), 2u);
+  EXPECT_EQ(fold->Hashes(kMediumCpu).size(), 2u);
   (*pub)->Shutdown();
 }
 

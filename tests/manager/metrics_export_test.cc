@@ -97,7 +97,8 @@ TEST(MetricsExportTest, CpuManagerCountersGaugesAndEvents) {
   EXPECT_EQ(registry.RenderPrometheus(), text);
 
   // Later operations advance by their difference: unpin K2, a store of K20 (allocation 1) that
-  // evicts K3 and then fails (no stored event), a reset (AllBlocksCleared counts one "cleared").
+  // evicts K3 and then fails (no stored event), a reset (one CPU removal of the ready K2, K4, K5:
+  // three blocks "cleared").
   ASSERT_TRUE(m->CompleteLoad(Keys(2, 3), ctx).ok());
   auto d = m->PrepareStore(Keys(20, 21), ctx);
   ASSERT_TRUE(d.ok() && d->has_value());
@@ -115,8 +116,8 @@ TEST(MetricsExportTest, CpuManagerCountersGaugesAndEvents) {
   ExpectSample(text, "vllm:kv_offload_cpu_allocation_size_sum 11.0");
   ExpectSample(text, "kvo:offload_events_total{medium=\"CPU\",kind=\"stored\"} 5.0");
   ExpectSample(text, "kvo:offload_events_total{medium=\"CPU\",kind=\"evicted\"} 2.0");
-  ExpectSample(text, "kvo:offload_events_total{medium=\"CPU\",kind=\"cleared\"} 1.0");
-  // 5 BlockStored + 2 BlockRemoved + 1 AllBlocksCleared.
+  ExpectSample(text, "kvo:offload_events_total{medium=\"CPU\",kind=\"cleared\"} 3.0");
+  // 5 BlockStored + 3 BlockRemoved (two evictions, the reset).
   ExpectSample(text, "kvo:offload_events_published_total 8.0");
 }
 

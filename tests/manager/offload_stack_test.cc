@@ -121,8 +121,8 @@ TEST_F(OffloadStackTest, TieringConfigBuildsTheCpuTierAndABoundedAsyncFileTier) 
   // Consumers saw CPU and STORAGE announcements (the tier's events under the global flag).
   auto fold = ReplayJournal(*journal_);
   ASSERT_TRUE(fold.ok()) << fold.status().ToString();
-  EXPECT_EQ(fold->Chunks(kMediumCpu).size(), 3u);
-  EXPECT_EQ(fold->Chunks(kMediumStorage).size(), 2u);
+  EXPECT_EQ(fold->Hashes(kMediumCpu).size(), 3u);
+  EXPECT_EQ(fold->Hashes(kMediumStorage).size(), 2u);
 
   // A second engine over the same directory finds the files; its lookups are vLLM's async ones.
   m->reset();
@@ -159,8 +159,8 @@ TEST_F(OffloadStackTest, GlobalEventsOffSilencesTheTier) {
   EXPECT_EQ(FilesUnder(disk_), 1u);  // the data still cascades
   auto fold = ReplayJournal(*journal_);
   ASSERT_TRUE(fold.ok());
-  EXPECT_TRUE(fold->Chunks(kMediumCpu).empty());
-  EXPECT_TRUE(fold->Chunks(kMediumStorage).empty());
+  EXPECT_TRUE(fold->Hashes(kMediumCpu).empty());
+  EXPECT_TRUE(fold->Hashes(kMediumStorage).empty());
 }
 
 TEST_F(OffloadStackTest, RecoverReconcilesWithTheDirectory) {
@@ -176,8 +176,8 @@ TEST_F(OffloadStackTest, RecoverReconcilesWithTheDirectory) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto fold = ReplayJournal(*journal_);
   ASSERT_TRUE(fold.ok());
-  EXPECT_TRUE(fold->Chunks(kMediumCpu).empty());       // volatile: announced removed
-  EXPECT_EQ(fold->Chunks(kMediumStorage).size(), 2u);  // the files survived
+  EXPECT_TRUE(fold->Hashes(kMediumCpu).empty());       // volatile: announced removed
+  EXPECT_EQ(fold->Hashes(kMediumStorage).size(), 2u);  // the files survived
 }
 
 TEST_F(OffloadStackTest, ErrorsNameWhatDoesNotFit) {

@@ -441,18 +441,22 @@ TEST_F(TieringTest, ResetDrainsTiersAndDropsUnsubmittedPromotions) {
   EXPECT_TRUE(m_->CheckInvariants().ok());
 }
 
-TEST_F(TieringTest, ResetAnnouncesClearThenWhatTheTiersStillHold) {
+TEST_F(TieringTest, ResetRemovesTheCpuBlocksAndKeepsTheTiersAnnouncements) {
   Store(Range(0, 2));
   m_->TakeEvents();
-  T(0).events.push_back(OffloadingEvent{Range(0, 2), kMediumStorage, false, {}, "", 0, false});
+  T(0).events.push_back(OffloadingEvent{Range(0, 2), kMediumStorage, false, {}, "", 0});
   m_->ResetCache();
   std::vector<OffloadingEvent> events = m_->TakeEvents();
-  ASSERT_EQ(events.size(), 4u);
-  EXPECT_EQ(events[0].tier, 1);  // the tier's queued store first
-  EXPECT_TRUE(events[1].all_cleared);
-  EXPECT_EQ(events[2].tier, 1);
-  EXPECT_EQ(events[2].keys.size(), 2u);
-  EXPECT_EQ(events[3].tier, 2);
+  // The tier's queued store first, then one CPU removal of the ready blocks; the blocks the tiers
+  // still hold stay announced (no AllBlocksCleared, no re-announcement).
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].tier, 1);
+  EXPECT_FALSE(events[0].removed);
+  EXPECT_EQ(events[1].tier, 0);
+  EXPECT_TRUE(events[1].removed);
+  EXPECT_EQ(events[1].medium, kMediumCpu);
+  EXPECT_EQ(events[1].reason, kReasonCleared);
+  EXPECT_EQ(events[1].keys, Range(0, 2));
 }
 
 TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
@@ -483,9 +487,8 @@ TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
 }
 
 TEST_F(TieringTest, EventsComePrimaryFirstThenEachTier) {
-  T(0).events.push_back(OffloadingEvent{Range(2, 3), kMediumStorage, false, {}, "", 0, false});
-  T(1).events.push_back(
-      OffloadingEvent{Range(3, 4), kMediumStorage, true, {}, "evicted", 0, false});
+  T(0).events.push_back(OffloadingEvent{Range(2, 3), kMediumStorage, false, {}, "", 0});
+  T(1).events.push_back(OffloadingEvent{Range(3, 4), kMediumStorage, true, {}, "evicted", 0});
   Store(Range(1, 2));
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   ASSERT_EQ(events.size(), 3u);

@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "events/events.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -48,6 +49,38 @@ TEST(TraceReaderTest, ReadsMooncakeLinesAndReportsBadOnesByLineNumber) {
   ASSERT_FALSE(strict.ok());
   EXPECT_NE(strict.status().message().find("line 2"), std::string::npos);
   EXPECT_FALSE(ReadMooncakeTrace(dir.path() + "/missing", false, &report).ok());
+}
+
+TEST(TraceReaderTest, AJournalsGpuStoresAreTheRequestsAsTheEventsMeanThem) {
+  // The medium rule of schemas/kv_events.md (Semantics): a store without a medium (vLLM before
+  // #19737) is a GPU store, so it is a request; offload stores are not.
+  kvo::testing::TempDir dir;
+  {
+    JournalOptions jo;
+    jo.dir = dir.path();
+    auto journal = Journal::Open(jo);
+    ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+    auto store = [](std::optional<std::string> medium, uint64_t h) {
+      BlockStored s;
+      s.block_hashes = {BlockHash::Uint(h)};
+      s.token_ids = {1, 2, 3, 4};
+      s.block_size = 4;
+      s.medium = std::move(medium);
+      return s;
+    };
+    EventBatch b;
+    b.ts = 1.0;
+    b.events = {store(std::nullopt, 11), store(std::string(kMediumGpu), 12),
+                store(std::string(kMediumCpu), 13)};
+    ASSERT_TRUE((*journal)->Append(0, EncodeBatch(b)).ok());
+  }
+  TraceReadReport report;
+  auto requests = ReadJournalWorkload(dir.path(), &report);
+  ASSERT_TRUE(requests.ok()) << requests.status().ToString();
+  ASSERT_EQ(requests->size(), 2u);
+  EXPECT_EQ((*requests)[0].hash_ids, std::vector<uint64_t>{11});
+  EXPECT_EQ((*requests)[1].hash_ids, std::vector<uint64_t>{12});
+  EXPECT_EQ((*requests)[0].input_length, 4);
 }
 
 TEST(PlannerTest, TheoreticalMaximumByHand) {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "events/block_hash.h"
+#include "events/event_fold.h"
 #include "events/event_json.h"
 #include "events/zmq_publisher.h"
 #include "indexer/http_server.h"
@@ -121,39 +122,15 @@ struct Corpus {
   }
 };
 
-// What each stream holds: engine hash -> medium -> reference count (A.6 duplicates).
+// What each stream holds: the one meaning of the events (events/event_fold.h), viewed per stream
+// as engine hash -> medium -> reference count (A.6 duplicates).
 class Model {
  public:
-  void Apply(const StreamKey& s, const EventBatch& b) {
-    auto& held = held_[s];
-    for (const KvEvent& e : b.events) {
-      if (const auto* st = std::get_if<BlockStored>(&e)) {
-        for (const BlockHash& h : st->block_hashes) ++held[h.Low64()][st->medium.value_or("GPU")];
-      } else if (const auto* rm = std::get_if<BlockRemoved>(&e)) {
-        for (const BlockHash& h : rm->block_hashes) {
-          auto it = held.find(h.Low64());
-          if (it == held.end()) continue;
-          auto m = it->second.find(rm->medium.value_or("GPU"));
-          if (m == it->second.end()) continue;
-          if (--m->second == 0) it->second.erase(m);
-          if (it->second.empty()) held.erase(it);
-        }
-      } else {
-        for (auto it = held.begin(); it != held.end();) {
-          it->second.erase("GPU");
-          it = it->second.empty() ? held.erase(it) : std::next(it);
-        }
-      }
-    }
-  }
-  void Clear(const std::string& source) {
-    for (auto it = held_.begin(); it != held_.end();) {
-      it = it->first.first == source ? held_.erase(it) : std::next(it);
-    }
-  }
+  void Apply(const StreamKey& s, const EventBatch& b) { fold_.Apply({s.first, s.second}, b); }
+  void Clear(const std::string& source) { fold_.ClearSource(source); }
   // A random (hash, medium) the stream holds, for removals.
   std::optional<std::pair<uint64_t, std::string>> Pick(const StreamKey& s, std::mt19937_64& rng) {
-    auto& held = held_[s];
+    const auto held = Held(s);
     if (held.empty()) return std::nullopt;
     auto it = std::next(held.begin(), static_cast<long>(rng() % held.size()));
     auto m = std::next(it->second.begin(), static_cast<long>(rng() % it->second.size()));
@@ -169,11 +146,10 @@ class Model {
     static const std::map<std::string, double> kWeights = {
         {"GPU", 1.0}, {"CPU", 0.8}, {"STORAGE", 0.5}};
     Expected e;
-    auto sit = held_.find(s);
-    if (sit == held_.end()) return e;
+    const auto held = Held(s);
     for (uint64_t h : query) {
-      auto it = sit->second.find(h);
-      if (it == sit->second.end()) break;
+      auto it = held.find(h);
+      if (it == held.end()) break;
       ++e.prefix;
       double best = 0;
       for (const auto& [medium, n] : it->second) {
@@ -186,7 +162,16 @@ class Model {
   }
 
  private:
-  std::map<StreamKey, std::map<uint64_t, std::map<std::string, int>>> held_;
+  std::map<uint64_t, std::map<std::string, int64_t>> Held(const StreamKey& s) const {
+    std::map<uint64_t, std::map<std::string, int64_t>> out;
+    for (const auto& [id, n] : fold_.ByBlock()) {
+      if (id.stream.source == s.first && id.stream.dp_rank == s.second)
+        out[id.hash][id.medium] += n;
+    }
+    return out;
+  }
+
+  KvEventFold fold_;
 };
 
 // The next batch a stream publishes: mostly stores of a document prefix from block 0 (GPU or

@@ -102,20 +102,36 @@ TEST(ManagerCommandTest, ReproducesVllmsLruTrace) {
 }
 
 TEST(ManagerCommandTest, OutOfContractCallsAnswerAnErrorAndTheScriptGoesOn) {
-  const std::string script = Op("prepare_load", {1}) + Op("complete_store", {1}) +
-                             Op("prepare_store", {1}) + Op("complete_load", {1}) +
-                             Op("lookup", {1});
+  const std::string script = Op("prepare_load", {1}) + Op("prepare_store", {1}) +
+                             Op("complete_load", {1}) + Op("lookup", {1});
   const RunResult r = RunOps({"--num-blocks", "2"}, script);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<std::string> lines = Lines(r.output);
-  ASSERT_EQ(lines.size(), 5u) << r.output;
+  ASSERT_EQ(lines.size(), 4u) << r.output;
   EXPECT_NE(lines[0].find("{\"error\":\"FailedPrecondition: prepare_load: block 31"),
             std::string::npos)
       << lines[0];
-  EXPECT_NE(lines[1].find("complete_store"), std::string::npos) << lines[1];
-  EXPECT_EQ(lines[2], "{\"keys_to_store\":[\"31\"],\"slots\":[0],\"evicted\":[]}");
-  EXPECT_NE(lines[3].find("\"error\""), std::string::npos);
-  EXPECT_EQ(lines[4], "{\"result\":\"HIT_PENDING\"}");
+  EXPECT_EQ(lines[1], "{\"keys_to_store\":[\"31\"],\"slots\":[0],\"evicted\":[]}");
+  EXPECT_NE(lines[2].find("\"error\""), std::string::npos);
+  EXPECT_EQ(lines[3], "{\"result\":\"HIT_PENDING\"}");
+}
+
+TEST(ManagerCommandTest, CompleteStoreIgnoresKeysThatAreNotPendingAsVllmDoes) {
+  // vLLM's complete_store skips keys never prepared, evicted or already stored, and completes the
+  // rest: no error, and the pending key of the same call becomes a hit.
+  const std::string script = Op("complete_store", {7}) + Op("prepare_store", {1}) +
+                             Op("complete_store", {1, 9}) + Op("lookup", {1, 9}) +
+                             Op("complete_store", {1}) + Op("take_events", {});
+  const RunResult r = RunOps({"--num-blocks", "2"}, script);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> lines = Lines(r.output);
+  ASSERT_EQ(lines.size(), 6u) << r.output;
+  EXPECT_EQ(lines[0], "{}");
+  EXPECT_EQ(lines[2], "{}");
+  EXPECT_EQ(lines[3], "{\"results\":[\"HIT\",\"MISS\"]}");
+  EXPECT_EQ(lines[4], "{}");  // already stored: ignored, no second event
+  EXPECT_EQ(lines[5],
+            "{\"events\":[{\"keys\":" + Keys({1}) + ",\"medium\":\"CPU\",\"removed\":false}]}");
 }
 
 TEST(ManagerCommandTest, BadLinesNameTheirNumberAndExit2) {
