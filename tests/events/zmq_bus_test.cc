@@ -397,9 +397,10 @@ TEST_F(BusTest, AcceptsTheOldTwoFrameReplyShape) {
     std::vector<zmq::message_t> req;
     ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(req)));
     ASSERT_EQ(req.size(), 3u);
-    EXPECT_EQ(Seq(req[2]), 4u);
+    // The gap replay asks from the last delivered batch (3), whose answer is checked.
+    EXPECT_EQ(Seq(req[2]), 3u);
     std::string id = req[0].to_string();
-    for (auto [seq, payload] : {std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
+    for (auto [seq, payload] : {std::pair{3, &p3}, std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
       const std::string seq_bytes = Be64(seq);  // outlives the send below
       std::array<zmq::const_buffer, 4> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
                                                  zmq::buffer(seq_bytes), zmq::buffer(*payload)};
