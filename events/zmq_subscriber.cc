@@ -45,6 +45,7 @@ enum class ReplayPurpose {
   kInitial,  // start_seq on connect
   kGap,      // a live seq jumped; held_live_ waits for the answer
   kProbe,    // nothing arrived live for idle_probe_ms
+  kVerify,   // a live message after a silence; held_live_ waits for the answer
   kRestart,  // a restart was detected: the new stream from 0
 };
 
@@ -69,7 +70,7 @@ class ZmqSubscriber final : public Subscriber {
       return zmq_util::ZmqError("subscriber on '" + options_.endpoint + "'", e);
     }
     KVO_RETURN_IF_ERROR(OpenDealer());
-    last_live_ns_ = clock_->MonotonicNanos();
+    last_live_ns_ = last_message_ns_ = clock_->MonotonicNanos();
     if (options_.start_seq) {
       next_expected_ = *options_.start_seq;
       if (options_.replay_endpoint) {
@@ -94,8 +95,7 @@ class ZmqSubscriber final : public Subscriber {
       try {
         Frames queued;
         if (zmq::recv_multipart(sub_, std::back_inserter(queued), zmq::recv_flags::dontwait)) {
-          last_live_ns_ = clock_->MonotonicNanos();
-          KVO_RETURN_IF_ERROR(HandleLive(std::move(queued), false));
+          KVO_RETURN_IF_ERROR(HandleLive(std::move(queued), false, LiveArrived()));
           continue;
         }
       } catch (const zmq::error_t& e) {
@@ -121,8 +121,7 @@ class ZmqSubscriber final : public Subscriber {
         return zmq_util::ZmqError("subscriber receive", e);
       }
       if (!frames.empty()) {
-        last_live_ns_ = clock_->MonotonicNanos();
-        KVO_RETURN_IF_ERROR(HandleLive(std::move(frames), false));
+        KVO_RETURN_IF_ERROR(HandleLive(std::move(frames), false, LiveArrived()));
       } else if (probe && clock_->MonotonicNanos() >= probe_at) {
         last_live_ns_ = clock_->MonotonicNanos();
         KVO_RETURN_IF_ERROR(Probe());
@@ -158,6 +157,15 @@ class ZmqSubscriber final : public Subscriber {
     uint64_t idle_frames = 0;  // frames that did not advance the stream
     bool yielded = false;      // PumpReplay returned a batch: the consumer's time is not waiting
   };
+
+  // Records a live arrival; true when it ends a silence of verify_after_silence_ms.
+  bool LiveArrived() {
+    int64_t now = clock_->MonotonicNanos();
+    bool after_silence = options_.verify_after_silence_ms > 0 &&
+                         now - last_message_ns_ >= options_.verify_after_silence_ms * 1'000'000;
+    last_live_ns_ = last_message_ns_ = now;
+    return after_silence;
+  }
 
   static int64_t PollMs(int64_t ns) {
     return std::clamp<int64_t>((ns + 999'999) / 1'000'000, 0, 3'600'000);
@@ -263,7 +271,7 @@ class ZmqSubscriber final : public Subscriber {
 
   // One live message. `after_replay`: it waited for a gap replay that has ended; what that
   // replay did not supply is lost (no second replay for it).
-  Status HandleLive(Frames frames, bool after_replay) {
+  Status HandleLive(Frames frames, bool after_replay, bool after_silence = false) {
     if (frames.size() != 3 || frames[1].size() != 8) {
       Malformed("live message with " + std::to_string(frames.size()) + " frames" +
                 (frames.size() >= 2
@@ -313,6 +321,12 @@ class ZmqSubscriber final : public Subscriber {
                   std::to_string(options_.max_seq_jump) + "): treated as a new stream");
       next_expected_ = seq;
     }
+    if (after_silence && !after_replay && !restarted && next_expected_ && *next_expected_ > 0 &&
+        seq == *next_expected_ && dealer_.handle() != nullptr && DigestOf(seq - 1)) {
+      // The publisher may have restarted during the silence: check the last batch first.
+      held_live_ = std::move(frames);
+      return StartReplay(*next_expected_, ReplayPurpose::kVerify);
+    }
     if (next_expected_ && seq > *next_expected_) {
       if (dealer_.handle() != nullptr && (!after_replay || restarted)) {
         held_live_ = std::move(frames);
@@ -343,7 +357,9 @@ class ZmqSubscriber final : public Subscriber {
     }
     // Gap and probe replays ask from the last delivered batch: its answer is checked.
     uint64_t ask = from;
-    if ((purpose == ReplayPurpose::kGap || purpose == ReplayPurpose::kProbe) && from > 0) {
+    if ((purpose == ReplayPurpose::kGap || purpose == ReplayPurpose::kProbe ||
+         purpose == ReplayPurpose::kVerify) &&
+        from > 0) {
       ask = from - 1;
     }
     try {
@@ -373,6 +389,10 @@ class ZmqSubscriber final : public Subscriber {
       try {
         if (zmq::recv_multipart(dealer_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
           replay_->last_frame_ns = clock_->MonotonicNanos();
+          if (replay_->last_frame_ns - replay_->started_ns >= options_.replay_max_ms * 1'000'000) {
+            return AbandonReplay("the reply took longer than " +
+                                 std::to_string(options_.replay_max_ms) + " ms");
+          }
           KVO_RETURN_IF_ERROR(HandleReplayFrames(frames));
           continue;
         }
@@ -544,7 +564,8 @@ class ZmqSubscriber final : public Subscriber {
   bool last_replay_failed_ = false;
   std::deque<uint64_t> digests_;  // digests_[i]: the batch delivered for seq digest_base_ + i
   uint64_t digest_base_ = 0;
-  int64_t last_live_ns_ = 0;
+  int64_t last_live_ns_ = 0;     // last live message or probe
+  int64_t last_message_ns_ = 0;  // last live message
 
   mutable Mutex mu_;
   SubscriberStats stats_ GUARDED_BY(mu_);

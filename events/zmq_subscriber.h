@@ -47,6 +47,10 @@ struct SubscriberOptions {
   // With a replay endpoint: when nothing arrives live for this long, ask for anything after the
   // last sequence (catches lost tail messages that no later message would reveal). 0: never.
   int64_t idle_probe_ms = 1'000;
+  // With a replay endpoint: a live message after this long without one is checked first (a
+  // replay from the last delivered batch, whose content must match): a publisher that restarted
+  // during the silence and whose new sequence reached exactly the expected seq is caught. 0: never.
+  int64_t verify_after_silence_ms = 200;
   // A live seq this far or further past the expected one is not a loss of that many batches but
   // a broken or restarted publisher: reported as a restart (and counted as absurd); a replay
   // frame that far ahead abandons the replay.
