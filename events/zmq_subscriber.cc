@@ -575,7 +575,10 @@ class ZmqSubscriber final : public Subscriber {
 
 Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& options,
                                                        Clock* clock) {
-  if (options.endpoint.empty()) return Status::InvalidArgument("subscriber: empty endpoint");
+  KVO_RETURN_IF_ERROR(ValidateEndpoint(options.endpoint, "subscriber endpoint"));
+  if (options.replay_endpoint) {
+    KVO_RETURN_IF_ERROR(ValidateEndpoint(*options.replay_endpoint, "subscriber replay endpoint"));
+  }
   auto sub = std::make_unique<ZmqSubscriber>(options, clock != nullptr ? clock : SystemClock());
   KVO_RETURN_IF_ERROR(sub->Start());
   return std::unique_ptr<Subscriber>(std::move(sub));
