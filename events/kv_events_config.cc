@@ -143,8 +143,8 @@ std::string ShowBounded(std::string_view s) {
 
 Status ValidateEndpoint(std::string_view ep, std::string_view what) {
   auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument(std::string(what) + " '" + ShowBounded(ep) + "': " +
-                                   std::string(why));
+    return Status::InvalidArgument(std::string(what) + " '" + ShowBounded(ep) +
+                                   "': " + std::string(why));
   };
   if (ep.size() > 1024) return bad("longer than 1024 bytes");
   for (char ch : ep) {

@@ -148,12 +148,12 @@ class ZmqSubscriber final : public Subscriber {
  private:
   // One replay in flight: its request, progress and bounds.
   struct ReplayState {
-    uint64_t asked = 0;           // the start_seq sent
+    uint64_t asked = 0;              // the start_seq sent
     uint64_t expected_at_start = 0;  // next_expected_ when it was asked (gap: what to fill)
     ReplayPurpose purpose = ReplayPurpose::kInitial;
     int64_t started_ns = 0;
     int64_t last_frame_ns = 0;
-    uint64_t batches = 0;     // batch frames received
+    uint64_t batches = 0;      // batch frames received
     uint64_t idle_frames = 0;  // frames that did not advance the stream
     bool yielded = false;      // PumpReplay returned a batch: the consumer's time is not waiting
   };
@@ -221,7 +221,6 @@ class ZmqSubscriber final : public Subscriber {
   // --- the digest window: seq -> digest of the batch delivered for it -------------------------
 
   void Remember(uint64_t seq, uint64_t digest) {
-    if (options_.digest_window == 0) return;
     if (digests_.empty() || seq != digest_base_ + digests_.size()) {
       digests_.clear();
       digest_base_ = seq;
@@ -244,7 +243,7 @@ class ZmqSubscriber final : public Subscriber {
   // and reported; its seq still counts as seen.
   void Deliver(uint64_t seq, std::string_view topic, std::string_view payload, bool replayed) {
     next_expected_ = seq + 1;
-    Remember(seq, zmq_util::PayloadDigest(payload));
+    if (options_.digest_window > 0) Remember(seq, zmq_util::PayloadDigest(payload));
     {
       MutexLock lock(&mu_);
       stats_.last_seq = seq;
@@ -309,8 +308,7 @@ class ZmqSubscriber final : public Subscriber {
       next_expected_ = 0;
       restarted = true;
     }
-    if (next_expected_ && seq - *next_expected_ >= options_.max_seq_jump &&
-        seq > *next_expected_) {
+    if (next_expected_ && seq - *next_expected_ >= options_.max_seq_jump && seq > *next_expected_) {
       {
         MutexLock lock(&mu_);
         ++stats_.absurd_sequences;
@@ -345,9 +343,7 @@ class ZmqSubscriber final : public Subscriber {
   // the answer for that batch is checked against what was delivered (a restarted publisher that
   // overtook the old sequence serves another batch there); no answer at all means the publisher
   // lost its buffer (restart without journal). Needs buffer_steps >= 1, as every vLLM default.
-  Status Probe() {
-    return StartReplay(*next_expected_, ReplayPurpose::kProbe);
-  }
+  Status Probe() { return StartReplay(*next_expected_, ReplayPurpose::kProbe); }
 
   // Asks for a replay that continues the stream at `from`.
   Status StartReplay(uint64_t from, ReplayPurpose purpose) {

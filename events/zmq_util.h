@@ -35,7 +35,8 @@ inline uint64_t PayloadDigest(std::string_view b) {
   size_t i = 0;
   for (; i + 8 <= b.size(); i += 8) {
     uint64_t w = 0;
-    for (int k = 0; k < 8; ++k) w |= static_cast<uint64_t>(static_cast<unsigned char>(b[i + k])) << (8 * k);
+    for (int k = 0; k < 8; ++k)
+      w |= static_cast<uint64_t>(static_cast<unsigned char>(b[i + k])) << (8 * k);
     h = (h ^ (w * 0x87c37b91114253d5ULL)) * 0x4cf5ad432745937fULL;
     h ^= h >> 31;
   }

@@ -404,7 +404,8 @@ TEST_F(BusTest, AcceptsTheOldTwoFrameReplyShape) {
     // The gap replay asks from the last delivered batch (3), whose answer is checked.
     EXPECT_EQ(Seq(req[2]), 3u);
     std::string id = req[0].to_string();
-    for (auto [seq, payload] : {std::pair{3, &p3}, std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
+    for (auto [seq, payload] :
+         {std::pair{3, &p3}, std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
       const std::string seq_bytes = Be64(seq);  // outlives the send below
       std::array<zmq::const_buffer, 4> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
                                                  zmq::buffer(seq_bytes), zmq::buffer(*payload)};
@@ -677,12 +678,13 @@ class RawReplayServer {
 // end) and abandoned after replay_max_ms; a reply serving an absurd seq is abandoned, not
 // followed. Before: Create() buffered the whole reply (growing without bound) until it stopped.
 TEST_F(BusTest, EndlessReplyIsStreamedAndAbandonedAfterItsTimeBound) {
-  RawReplayServer server(ctx_, Ep("replay"), [&](uint64_t start, const RawReplayServer::Send& send) {
-    auto until = std::chrono::steady_clock::now() + 5s;  // bounded for the test's sake
-    for (uint64_t seq = start; std::chrono::steady_clock::now() < until; ++seq) {
-      if (!send(Be64(seq), EncodeBatch(Batch(seq)))) return;
-    }
-  });
+  RawReplayServer server(
+      ctx_, Ep("replay"), [&](uint64_t start, const RawReplayServer::Send& send) {
+        auto until = std::chrono::steady_clock::now() + 5s;  // bounded for the test's sake
+        for (uint64_t seq = start; std::chrono::steady_clock::now() < until; ++seq) {
+          if (!send(Be64(seq), EncodeBatch(Batch(seq)))) return;
+        }
+      });
   SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
   o.replay_max_ms = 600;
   o.idle_probe_ms = 0;
@@ -710,11 +712,12 @@ TEST_F(BusTest, EndlessReplyIsStreamedAndAbandonedAfterItsTimeBound) {
 }
 
 TEST_F(BusTest, ReplayServingAnAbsurdSequenceIsAbandoned) {
-  RawReplayServer server(ctx_, Ep("replay"), [&](uint64_t start, const RawReplayServer::Send& send) {
-    send(Be64(start), EncodeBatch(Batch(start)));
-    send(Be64(~uint64_t{0} - 1), EncodeBatch(Batch(1)));
-    send(Be64(~uint64_t{0}), "");
-  });
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           send(Be64(start), EncodeBatch(Batch(start)));
+                           send(Be64(~uint64_t{0} - 1), EncodeBatch(Batch(1)));
+                           send(Be64(~uint64_t{0}), "");
+                         });
   auto sub = Subscriber::Create(SubOptions(Ep("pub"), Ep("replay"), 0));
   ASSERT_TRUE(sub.ok());
   auto got = ReadN(**sub, 1);
@@ -750,10 +753,12 @@ TEST_F(BusTest, ReplayTimeOutIsReportedAsAFailedReplayNotALoss) {
 // Item 13: a gap that replay filled is reported (kGapFilled with its range).
 TEST_F(BusTest, FilledGapsAreReported) {
   RawPub pub(ctx_, Ep("pub"));
-  RawReplayServer server(ctx_, Ep("replay"), [&](uint64_t start, const RawReplayServer::Send& send) {
-    for (uint64_t seq = start; seq <= 6; ++seq) send(Be64(seq), EncodeBatch(Batch(seq)));
-    send(Be64(~uint64_t{0}), "");
-  });
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           for (uint64_t seq = start; seq <= 6; ++seq)
+                             send(Be64(seq), EncodeBatch(Batch(seq)));
+                           send(Be64(~uint64_t{0}), "");
+                         });
   SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
   o.idle_probe_ms = 0;
   auto sub = Subscriber::Create(o);

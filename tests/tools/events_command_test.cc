@@ -422,9 +422,9 @@ TEST_F(EventsCommandTest, TailReportsFilledGaps) {
       pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
       pub.send(zmq::buffer(p), zmq::send_flags::none);
     };
-    std::vector<std::string> argv = {KVO_BINARY,    "events",    "tail",          "--endpoint",
-                                     pub_ep,        "--topic",   "kv",            "--replay-endpoint",
-                                     replay_ep,     "--timeout-ms", "1500"};
+    std::vector<std::string> argv = {KVO_BINARY, "events",       "tail", "--endpoint",
+                                     pub_ep,     "--topic",      "kv",   "--replay-endpoint",
+                                     replay_ep,  "--timeout-ms", "1500"};
     if (json) argv.push_back("--json");
     ChildProcess tail(argv);
     // Seq 3 until the tail prints it (PUB drops messages before the SUB connects).
@@ -453,8 +453,8 @@ TEST_F(EventsCommandTest, TailReportsFilledGaps) {
     }
     ASSERT_EQ(tail.Wait(SteadyClock::now() + kGuard), 0) << tail.err();
     EXPECT_EQ(Lines(tail.out()).size(), 3u) << tail.out();  // 4, 5, 6
-    const std::string want = json ? R"({"notice":"gap_filled","from_seq":4,"to_seq":7)"
-                                  : "notice gap_filled [4, 7)";
+    const std::string want =
+        json ? R"({"notice":"gap_filled","from_seq":4,"to_seq":7)" : "notice gap_filled [4, 7)";
     EXPECT_NE(tail.err().find(want), std::string::npos) << tail.err();
   }
 }
