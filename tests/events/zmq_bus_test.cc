@@ -458,6 +458,30 @@ TEST_F(BusTest, MalformedLiveMessagesAreCountedAndSkipped) {
   EXPECT_GE(stats.decode_errors, 1u);
 }
 
+// A replay client that stops reading (its queue full) must not starve other clients' replays
+// (found by tests/faults/bus_faults_test.cc: a subscriber mid-replay blocked every later request).
+TEST_F(BusTest, StalledReplayClientDoesNotBlockOthers) {
+  auto pub = Publisher(Config("kv", 10000));
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  zmq::socket_t stalled(ctx_, zmq::socket_type::dealer);
+  stalled.set(zmq::sockopt::rcvhwm, 10);
+  stalled.set(zmq::sockopt::linger, 0);
+  stalled.connect(Ep("replay"));
+  std::string start = Be64(0);
+  stalled.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+  stalled.send(zmq::buffer(start), zmq::send_flags::none);
+  // Wait until the publisher has taken the stalled request (it counts requests).
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (pub->stats().replay_requests < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(pub->stats().replay_requests, 1u);
+  auto replies = RawReplay(4990);  // fails on its own 10 s guard when starved
+  ASSERT_EQ(replies.size(), 11u);
+  EXPECT_EQ(replies[0][1], Be64(4990));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Restarts, absurd sequence numbers and hostile replay servers (issue 10 items 3, 4, 6, 10, 12).
 

@@ -168,7 +168,8 @@ TEST_F(BusFaultsTest, PublisherRestartsConvergeToThePublishersState) {
   const unsigned seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   for (bool journal : {false, true}) {
-    const int trials = FaultTrials(3, 20);
+    const int trials = FaultTrials(2, 20);
+    const uint64_t new_batches = testing::LongFaultRun() ? 3000 : 1500;
     int failures = 0;
     uint64_t restarts_seen = 0;
     for (int t = 0; t < trials; ++t) {
@@ -195,7 +196,7 @@ TEST_F(BusFaultsTest, PublisherRestartsConvergeToThePublishersState) {
       }
       old_pub->Wait(SteadyClock::now() + 30s);
       Follow(**sub, &view, std::chrono::milliseconds(rng() % 500));
-      auto new_pub = Publish(journal, Input(gen + 100'000, 3000));
+      auto new_pub = Publish(journal, Input(gen + 100'000, new_batches));
       ASSERT_TRUE(new_pub->ReadStdoutLine(SteadyClock::now() + 30s).has_value()) << new_pub->err();
       State want = PublisherState(Ep("replay"));
       Follow(**sub, &view, 20s, [&](const View& v) { return v.state == want; });
@@ -208,9 +209,11 @@ TEST_F(BusFaultsTest, PublisherRestartsConvergeToThePublishersState) {
       new_pub->Wait(SteadyClock::now() + 30s);
     }
     ReportFault({"bus",
-                 journal ? "kill -9 of a journaled publisher at a random moment, restart at once"
-                         : "publisher restart without journal (vLLM default), new stream "
-                           "overtakes the old at full speed, 0-500 ms later",
+                 journal ? std::string("kill -9 of a journaled publisher at a random moment, "
+                                       "restart at once")
+                         : "publisher restart without journal (vLLM default), new stream of " +
+                               std::to_string(new_batches) +
+                               " batches overtakes the old at full speed, 0-500 ms later",
                  trials, "subscriber view == the new publisher's replay from 0, by digest",
                  failures, seed, "restarts detected " + std::to_string(restarts_seen)});
   }
@@ -422,7 +425,8 @@ TEST_F(BusFaultsTest, HostileReplayServers) {
     stop = true;
     server.join();
     SubscriberStats st = (*sub)->stats();
-    bool ok = failed && took < 5s && longest_next_ms < 1000 && st.batches_lost < 1000;
+    // Losses only where the hostile reply itself skipped seqs: never an absurd count.
+    bool ok = failed && took < 5s && longest_next_ms < 1000 && st.batches_lost < o.max_seq_jump;
     EXPECT_TRUE(ok) << "kind " << kind << " failed " << failed << " took "
                     << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
                     << " ms, longest Next " << longest_next_ms << " ms, lost " << st.batches_lost;
@@ -433,7 +437,7 @@ TEST_F(BusFaultsTest, HostileReplayServers) {
                "hostile replay server: endless garbage frames, endless valid reply, absurd seqs",
                trials,
                "replay abandoned within its bounds (replay_max_ms 1 s), every Next() returns "
-               "within 1 s, no absurd loss",
+               "within 1 s, losses < max_seq_jump",
                failures, seed, "replays abandoned " + std::to_string(failed_replays)});
 }
 
