@@ -14,6 +14,7 @@
 
 #include "bench/bench.h"
 #include "events/events.h"
+#include "events/zmq_util.h"
 
 #ifndef KVO_SOURCE_DIR
 #define KVO_SOURCE_DIR "."
@@ -197,6 +198,66 @@ void PubSubCases(const BenchOptions& o) {
   }
 }
 
+// Publishes n batches through a journaled publisher with `fsync` ("never" | "batch") and waits
+// until they are sent; returns batches/s (0 on failure).
+double JournaledPublishRate(const std::string& fsync, size_t n) {
+  std::string dir = TempEndpointDir();
+  KvEventsConfig c;
+  c.enable_kv_cache_events = true;
+  c.publisher = "zmq";
+  c.endpoint = "ipc://" + dir + "/pub";
+  c.replay_endpoint = "ipc://" + dir + "/replay";
+  c.topic = "kv";
+  c.journal_dir = dir + "/journal";
+  c.journal_fsync = fsync;
+  auto pub = CreateEventPublisher(c, 0);
+  if (!pub.ok()) {
+    std::fprintf(stderr, "kvo bench: %s\n", pub.status().ToString().c_str());
+    return 0;
+  }
+  EventBatch batch = MakeBatch(16, 16, 1);
+  auto start = Steady::now();
+  for (size_t i = 0; i < n; ++i) (void)(*pub)->Publish(batch);
+  (*pub)->Flush();
+  double elapsed = std::chrono::duration<double>(Steady::now() - start).count();
+  (*pub)->Shutdown();
+  std::filesystem::remove_all(dir);
+  return double(n) / elapsed;
+}
+
+// Issue 10 item 4: what each way of making a restarted publisher's reused seqs visible costs.
+// (a) fsync before publishing (journal_fsync "batch": no lost tail, so no reuse) against the
+// default "never"; (b) the subscriber's per-batch digests (restart detection by content, the
+// chosen fix: nothing on the publisher, wire unchanged) against a subscriber without them.
+void RestartDetectionCases(const BenchOptions& o) {
+  size_t scale = o.quick ? 10 : 1;
+  size_t n_sync = 2000 / scale;
+  double never = JournaledPublishRate("never", n_sync);
+  double batch = JournaledPublishRate("batch", n_sync);
+  Report({"events", "journaled_publish_fsync_batch", "batches/s", batch,
+          "same journaled publisher, journal_fsync never (the default)", never, 0,
+          std::to_string(n_sync) + " batches of 16 blocks; fsync before each send"},
+         "", o);
+  // The digest the subscriber computes per delivered batch, against the decode it already does.
+  std::string payload = EncodeBatch(MakeBatch(16, 16, 1));
+  size_t reps = 200000 / scale;
+  uint64_t sink = 0;
+  auto t0 = Steady::now();
+  for (size_t i = 0; i < reps; ++i) sink += zmq_util::PayloadDigest(payload);
+  double digest_s = std::chrono::duration<double>(Steady::now() - t0).count();
+  t0 = Steady::now();
+  for (size_t i = 0; i < reps; ++i) sink += DecodeBatch(payload).ok() ? 1 : 0;
+  double decode_s = std::chrono::duration<double>(Steady::now() - t0).count();
+  Report({"events", "subscriber_restart_digest", "batches/s", double(reps) / digest_s,
+          "decoding the same batch (what the subscriber does per batch anyway)",
+          double(reps) / decode_s, 0,
+          std::to_string(payload.size()) +
+              "-byte batch of 16 blocks; ratio > 1: the digest is "
+              "cheaper than the decode (sink " +
+              std::to_string(sink % 10) + ")"},
+         "", o);
+}
+
 // Publishes at a fixed rate of block events/s (16 per batch) and measures publish-call to
 // subscriber-delivery latency; the baseline is raw ZeroMQ PUB->SUB of the same bytes, same rate.
 void LagCase(const BenchOptions& o) {
@@ -294,6 +355,7 @@ int RunEventsBench(const BenchOptions& options) {
   CodecCases(options);
   PubSubCases(options);
   LagCase(options);
+  RestartDetectionCases(options);
   RunJournalBench(options);
   return 0;
 }

@@ -109,7 +109,69 @@ Result<KvEventsConfig> ParseKvEventsConfig(std::string_view text) {
         "no events will be published",
         c.publisher);
   }
+  if (c.enable_kv_cache_events && c.publisher == "zmq") {
+    KVO_RETURN_IF_ERROR(ValidateEndpoint(c.endpoint, "--kv-events-config: 'endpoint'"));
+  }
+  if (c.replay_endpoint) {
+    KVO_RETURN_IF_ERROR(
+        ValidateEndpoint(*c.replay_endpoint, "--kv-events-config: 'replay_endpoint'"));
+  }
   return c;
+}
+
+namespace {
+
+// At most 80 characters of `s`, non-printable bytes as \xNN.
+std::string ShowBounded(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && out.size() < 80; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c >= 0x7f) {
+      static const char* kHex = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (out.size() >= 80 || s.size() > 80) out += "...(" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+}  // namespace
+
+Status ValidateEndpoint(std::string_view ep, std::string_view what) {
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument(std::string(what) + " '" + ShowBounded(ep) +
+                                   "': " + std::string(why));
+  };
+  if (ep.size() > 1024) return bad("longer than 1024 bytes");
+  for (char ch : ep) {
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) {
+      return bad("contains a control character");
+    }
+  }
+  constexpr std::string_view kUsage = "must be tcp://HOST:PORT, ipc://PATH or inproc://NAME";
+  if (ep.starts_with("ipc://") || ep.starts_with("inproc://")) {
+    if (ep.substr(ep.find("://") + 3).empty()) return bad(kUsage);
+    return Status::Ok();
+  }
+  if (!ep.starts_with("tcp://")) return bad(kUsage);
+  std::string_view rest = ep.substr(6);
+  size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return bad(kUsage);
+  std::string_view host = rest.substr(0, colon);
+  std::string_view port = rest.substr(colon + 1);
+  if (host.front() == '[' && host.back() != ']') return bad("unclosed '[' in the host");
+  if (port == "*") return Status::Ok();
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string_view::npos) {
+    return bad("the port must be a number in 1-65535 or '*'");
+  }
+  int value = std::stoi(std::string(port));
+  if (value < 1 || value > 65535) return bad("the port must be a number in 1-65535 or '*'");
+  return Status::Ok();
 }
 
 Result<std::string> OffsetEndpointPort(std::string_view endpoint, int64_t rank) {
@@ -126,6 +188,11 @@ Result<std::string> OffsetEndpointPort(std::string_view endpoint, int64_t rank) 
     if (ec != std::errc() || ptr != port_text.data() + port_text.size()) {
       return Status::InvalidArgument("endpoint '" + std::string(endpoint) + "': port '" +
                                      std::string(port_text) + "' is not a number");
+    }
+    if (port < 0 || port > 65535 - rank) {
+      return Status::InvalidArgument("endpoint '" + ShowBounded(endpoint) + "': port " +
+                                     std::to_string(port) + " + data parallel rank " +
+                                     std::to_string(rank) + " exceeds 65535");
     }
     return std::string(endpoint.substr(0, colon)) + ":" + std::to_string(port + rank);
   }

@@ -317,13 +317,21 @@ class ZmqPublisher final : public EventPublisher {
     } catch (const zmq::error_t& e) {
       KVO_LOG_WARN("kv-events replay receive: {}", e.what());
     }
-    for (auto it = sessions_.begin(); it != sessions_.end() && !replay_blocked_;) {
+    // A client whose queue is full blocks only its own session: the others carry on (one slow
+    // or stalled client must not starve every other replay). replay_blocked_ ends up true only
+    // when every session is blocked.
+    bool all_blocked = !sessions_.empty();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      replay_blocked_ = false;
       if (ContinueSession(*it)) {
         it = sessions_.erase(it);
+        all_blocked = false;
       } else {
+        if (!replay_blocked_) all_blocked = false;
         ++it;
       }
     }
+    replay_blocked_ = all_blocked;
   }
 
   void StartSession(std::vector<zmq::message_t>& frames) {

@@ -3,8 +3,9 @@
 
 #include <zmq_addon.hpp>
 
-#include <atomic>
+#include <algorithm>
 #include <deque>
+#include <limits>
 
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -25,6 +26,8 @@ const char* NoticeKindName(NoticeKind kind) {
       return "decode_error";
     case NoticeKind::kMalformedMessage:
       return "malformed_message";
+    case NoticeKind::kReplayFailed:
+      return "replay_failed";
   }
   return "unknown";
 }
@@ -32,6 +35,19 @@ const char* NoticeKindName(NoticeKind kind) {
 namespace {
 
 using Frames = std::vector<zmq::message_t>;
+
+constexpr uint64_t kMaxSeq = ~uint64_t{0};  // the end marker's value: never a batch's seq
+// Frames of one reply that do not advance it (malformed, duplicates) before it is abandoned.
+constexpr uint64_t kMaxIdleFramesPerReply = 100'000;
+
+// Why a replay was asked for: decides what its answer means.
+enum class ReplayPurpose {
+  kInitial,  // start_seq on connect
+  kGap,      // a live seq jumped; held_live_ waits for the answer
+  kProbe,    // nothing arrived live for idle_probe_ms
+  kVerify,   // a live message after a silence; held_live_ waits for the answer
+  kRestart,  // a restart was detected: the new stream from 0
+};
 
 class ZmqSubscriber final : public Subscriber {
  public:
@@ -54,30 +70,39 @@ class ZmqSubscriber final : public Subscriber {
       return zmq_util::ZmqError("subscriber on '" + options_.endpoint + "'", e);
     }
     KVO_RETURN_IF_ERROR(OpenDealer());
-    last_live_ns_ = clock_->MonotonicNanos();
+    last_live_ns_ = last_message_ns_ = clock_->MonotonicNanos();
     if (options_.start_seq) {
       next_expected_ = *options_.start_seq;
-      if (options_.replay_endpoint) KVO_RETURN_IF_ERROR(Replay(*options_.start_seq));
+      if (options_.replay_endpoint) {
+        KVO_RETURN_IF_ERROR(StartReplay(*options_.start_seq, ReplayPurpose::kInitial));
+      }
     }
     return Status::Ok();
   }
 
   Result<std::optional<ReceivedBatch>> Next(std::chrono::milliseconds timeout) override {
-    const int64_t deadline = clock_->MonotonicNanos() + timeout.count() * 1'000'000;
+    const int64_t deadline = timeout.count() < 0
+                                 ? std::numeric_limits<int64_t>::max()
+                                 : clock_->MonotonicNanos() + timeout.count() * 1'000'000;
     while (ready_.empty()) {
+      if (replay_) {
+        KVO_RETURN_IF_ERROR(PumpReplay(deadline));
+        if (!ready_.empty()) break;
+        if (replay_ && clock_->MonotonicNanos() >= deadline) return std::optional<ReceivedBatch>();
+        continue;
+      }
       // Fast path: take a message that is already queued, without a poll() per message.
       try {
         Frames queued;
         if (zmq::recv_multipart(sub_, std::back_inserter(queued), zmq::recv_flags::dontwait)) {
-          last_live_ns_ = clock_->MonotonicNanos();
-          KVO_RETURN_IF_ERROR(HandleLive(queued));
+          KVO_RETURN_IF_ERROR(HandleLive(std::move(queued), false, LiveArrived()));
           continue;
         }
       } catch (const zmq::error_t& e) {
         if (e.num() != EINTR) return zmq_util::ZmqError("subscriber receive", e);
       }
       int64_t now = clock_->MonotonicNanos();
-      if (now >= deadline && timeout.count() >= 0) return std::optional<ReceivedBatch>();
+      if (now >= deadline) return std::optional<ReceivedBatch>();
       int64_t wait_ns = deadline - now;
       bool probe = dealer_.handle() != nullptr && options_.idle_probe_ms > 0 && next_expected_;
       int64_t probe_at = last_live_ns_ + options_.idle_probe_ms * 1'000'000;
@@ -85,7 +110,7 @@ class ZmqSubscriber final : public Subscriber {
       Frames frames;
       try {
         zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds((wait_ns + 999'999) / 1'000'000));
+        zmq::poll(&item, 1, std::chrono::milliseconds(PollMs(wait_ns)));
         if (item.revents & ZMQ_POLLIN) {
           if (!zmq::recv_multipart(sub_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
             continue;
@@ -96,8 +121,7 @@ class ZmqSubscriber final : public Subscriber {
         return zmq_util::ZmqError("subscriber receive", e);
       }
       if (!frames.empty()) {
-        last_live_ns_ = clock_->MonotonicNanos();
-        KVO_RETURN_IF_ERROR(HandleLive(frames));
+        KVO_RETURN_IF_ERROR(HandleLive(std::move(frames), false, LiveArrived()));
       } else if (probe && clock_->MonotonicNanos() >= probe_at) {
         last_live_ns_ = clock_->MonotonicNanos();
         KVO_RETURN_IF_ERROR(Probe());
@@ -122,13 +146,40 @@ class ZmqSubscriber final : public Subscriber {
   }
 
  private:
+  // One replay in flight: its request, progress and bounds.
+  struct ReplayState {
+    uint64_t asked = 0;              // the start_seq sent
+    uint64_t expected_at_start = 0;  // next_expected_ when it was asked (gap: what to fill)
+    ReplayPurpose purpose = ReplayPurpose::kInitial;
+    int64_t started_ns = 0;
+    int64_t last_frame_ns = 0;
+    uint64_t batches = 0;      // batch frames received
+    uint64_t idle_frames = 0;  // frames that did not advance the stream
+    bool yielded = false;      // PumpReplay returned a batch: the consumer's time is not waiting
+  };
+
+  // Records a live arrival; true when it ends a silence of verify_after_silence_ms.
+  bool LiveArrived() {
+    int64_t now = clock_->MonotonicNanos();
+    bool after_silence = options_.verify_after_silence_ms > 0 &&
+                         now - last_message_ns_ >= options_.verify_after_silence_ms * 1'000'000;
+    last_live_ns_ = last_message_ns_ = now;
+    return after_silence;
+  }
+
+  static int64_t PollMs(int64_t ns) {
+    return std::clamp<int64_t>((ns + 999'999) / 1'000'000, 0, 3'600'000);
+  }
+
   Status OpenDealer() {
     if (!options_.replay_endpoint) return Status::Ok();
     try {
       if (dealer_.handle() != nullptr) dealer_.close();
       dealer_ = zmq::socket_t(zmq_util::GlobalContext(), zmq::socket_type::dealer);
       dealer_.set(zmq::sockopt::linger, 0);
-      dealer_.set(zmq::sockopt::rcvhwm, 0);
+      // Replies are read as they arrive; the bound keeps a fast replier from queuing a whole
+      // reply here (the publisher keeps the rest, as ROUTER_MANDATORY back-pressure).
+      dealer_.set(zmq::sockopt::rcvhwm, 1000);
       dealer_.set(zmq::sockopt::maxmsgsize,
                   static_cast<int64_t>(options_.limits.max_payload_bytes));
       dealer_.connect(*options_.replay_endpoint);
@@ -139,8 +190,13 @@ class ZmqSubscriber final : public Subscriber {
   }
 
   void Notice(NoticeKind kind, uint64_t from, uint64_t to, std::string detail) {
-    KVO_LOG_WARN("kv-events subscriber {}: {} [{}, {}) {}", options_.endpoint, NoticeKindName(kind),
-                 from, to, detail);
+    if (kind == NoticeKind::kGapFilled) {
+      KVO_LOG_INFO("kv-events subscriber {}: {} [{}, {}) {}", options_.endpoint,
+                   NoticeKindName(kind), from, to, detail);
+    } else {
+      KVO_LOG_WARN("kv-events subscriber {}: {} [{}, {}) {}", options_.endpoint,
+                   NoticeKindName(kind), from, to, detail);
+    }
     notices_.push_back(SubscriberNotice{kind, from, to, std::move(detail)});
   }
 
@@ -152,10 +208,42 @@ class ZmqSubscriber final : public Subscriber {
     Notice(NoticeKind::kGapUnrecoverable, from, to, std::move(why));
   }
 
+  // The publisher restarted: everything delivered belongs to the old stream.
+  void Restart(uint64_t from, uint64_t to, std::string why) {
+    {
+      MutexLock lock(&mu_);
+      ++stats_.restarts;
+    }
+    Notice(NoticeKind::kPublisherRestart, from, to, std::move(why));
+    digests_.clear();
+  }
+
+  // --- the digest window: seq -> digest of the batch delivered for it -------------------------
+
+  void Remember(uint64_t seq, uint64_t digest) {
+    if (digests_.empty() || seq != digest_base_ + digests_.size()) {
+      digests_.clear();
+      digest_base_ = seq;
+    }
+    digests_.push_back(digest);
+    if (digests_.size() > options_.digest_window) {
+      digests_.pop_front();
+      ++digest_base_;
+    }
+  }
+
+  std::optional<uint64_t> DigestOf(uint64_t seq) const {
+    if (digests_.empty() || seq < digest_base_ || seq - digest_base_ >= digests_.size()) {
+      return std::nullopt;
+    }
+    return digests_[seq - digest_base_];
+  }
+
   // Decodes and queues one batch in order. A payload that does not decode is skipped, counted
   // and reported; its seq still counts as seen.
   void Deliver(uint64_t seq, std::string_view topic, std::string_view payload, bool replayed) {
     next_expected_ = seq + 1;
+    if (options_.digest_window > 0) Remember(seq, zmq_util::PayloadDigest(payload));
     {
       MutexLock lock(&mu_);
       stats_.last_seq = seq;
@@ -172,160 +260,289 @@ class ZmqSubscriber final : public Subscriber {
     ready_.push_back(ReceivedBatch{seq, std::string(topic), std::move(batch).value(), replayed});
   }
 
-  Status HandleLive(const Frames& frames) {
+  void Malformed(std::string detail) {
+    {
+      MutexLock lock(&mu_);
+      ++stats_.malformed_messages;
+    }
+    Notice(NoticeKind::kMalformedMessage, 0, 0, std::move(detail));
+  }
+
+  // One live message. `after_replay`: it waited for a gap replay that has ended; what that
+  // replay did not supply is lost (no second replay for it).
+  Status HandleLive(Frames frames, bool after_replay, bool after_silence = false) {
     if (frames.size() != 3 || frames[1].size() != 8) {
-      {
-        MutexLock lock(&mu_);
-        ++stats_.malformed_messages;
-      }
-      Notice(
-          NoticeKind::kMalformedMessage, 0, 0,
-          "live message with " + std::to_string(frames.size()) + " frames" +
-              (frames.size() >= 2 ? ", seq frame of " + std::to_string(frames[1].size()) + " bytes"
-                                  : std::string()));
+      Malformed("live message with " + std::to_string(frames.size()) + " frames" +
+                (frames.size() >= 2
+                     ? ", seq frame of " + std::to_string(frames[1].size()) + " bytes"
+                     : std::string()));
       return Status::Ok();
     }
     uint64_t seq = zmq_util::FromBigEndian(frames[1].to_string_view());
-    {
+    if (!after_replay) {
       MutexLock lock(&mu_);
       ++stats_.live_received;
     }
-    // Live messages queued while a replay delivered the same batches are duplicates.
-    if (dup_window_end_ && seq <= *dup_window_end_ && next_expected_ && seq < *next_expected_) {
-      MutexLock lock(&mu_);
-      ++stats_.duplicates_dropped;
+    if (seq == kMaxSeq) {
+      {
+        MutexLock lock(&mu_);
+        ++stats_.absurd_sequences;
+      }
+      Malformed("live message with the end-marker sequence number");
       return Status::Ok();
     }
-    dup_window_end_.reset();
+    std::string_view payload = frames[2].to_string_view();
+    bool restarted = false;
     if (next_expected_ && seq < *next_expected_) {
+      // A duplicate only if this exact batch was delivered for this seq (a replay raced it).
+      std::optional<uint64_t> known = DigestOf(seq);
+      if (known && *known == zmq_util::PayloadDigest(payload)) {
+        MutexLock lock(&mu_);
+        ++stats_.duplicates_dropped;
+        return Status::Ok();
+      }
+      Restart(seq, *next_expected_,
+              "sequence went back from " + std::to_string(*next_expected_ - 1) + " to " +
+                  std::to_string(seq) +
+                  (known ? " with a different batch" : " (not a batch replay delivered)"));
+      next_expected_ = 0;
+      restarted = true;
+    }
+    if (next_expected_ && seq - *next_expected_ >= options_.max_seq_jump && seq > *next_expected_) {
       {
         MutexLock lock(&mu_);
-        ++stats_.restarts;
+        ++stats_.absurd_sequences;
       }
-      Notice(NoticeKind::kPublisherRestart, seq, *next_expected_,
-             "sequence went back from " + std::to_string(*next_expected_ - 1) + " to " +
-                 std::to_string(seq));
-      next_expected_ = 0;
+      Restart(seq, *next_expected_,
+              "sequence jumped from " + std::to_string(*next_expected_) + " to " +
+                  std::to_string(seq) + " (>= max_seq_jump " +
+                  std::to_string(options_.max_seq_jump) + "): treated as a new stream");
+      next_expected_ = seq;
+    }
+    if (after_silence && !after_replay && !restarted && next_expected_ && *next_expected_ > 0 &&
+        seq == *next_expected_ && dealer_.handle() != nullptr && DigestOf(seq - 1)) {
+      // The publisher may have restarted during the silence: check the last batch first.
+      held_live_ = std::move(frames);
+      return StartReplay(*next_expected_, ReplayPurpose::kVerify);
     }
     if (next_expected_ && seq > *next_expected_) {
-      uint64_t from = *next_expected_;
-      if (dealer_.handle() != nullptr) {
-        KVO_RETURN_IF_ERROR(Replay(from));
-        if (*next_expected_ > from) {
-          MutexLock lock(&mu_);
-          ++stats_.gaps_filled;
-        }
-        if (*next_expected_ > seq) return Status::Ok();  // the replay covered this message
-        if (*next_expected_ > from) {
-          notices_.push_back(SubscriberNotice{NoticeKind::kGapFilled, from, *next_expected_, ""});
-        }
+      if (dealer_.handle() != nullptr && (!after_replay || restarted)) {
+        held_live_ = std::move(frames);
+        return StartReplay(*next_expected_, ReplayPurpose::kGap);
       }
-      if (seq > *next_expected_) {
-        Lost(*next_expected_, seq,
-             dealer_.handle() == nullptr ? "no replay endpoint" : "replay did not cover it");
-      }
+      Lost(*next_expected_, seq,
+           dealer_.handle() == nullptr ? "no replay endpoint"
+           : last_replay_failed_       ? "the replay failed"
+                                       : "replay did not cover it");
     }
-    Deliver(seq, frames[0].to_string_view(), frames[2].to_string_view(), false);
+    Deliver(seq, frames[0].to_string_view(), payload, false);
     return Status::Ok();
   }
 
-  // Nothing arrived live for a while. Ask for everything from the last batch we hold: a lost tail
-  // comes back; and when even that batch is gone while nothing newer exists (an empty reply), the
-  // publisher restarted and lost its buffer: replay its new stream from 0. (Needs buffer_steps >=
-  // 1, as every vLLM default has.)
-  Status Probe() {
-    if (*next_expected_ == 0) return Replay(0);
-    uint64_t before = replayed_batches_;
-    uint64_t last = *next_expected_ - 1;
-    KVO_RETURN_IF_ERROR(Replay(last));
-    if (replayed_batches_ == before && last_replay_completed_) {
-      {
-        MutexLock lock(&mu_);
-        ++stats_.restarts;
-      }
-      Notice(
-          NoticeKind::kPublisherRestart, 0, last + 1,
-          "the publisher no longer holds seq " + std::to_string(last) + " and has nothing newer");
-      next_expected_ = 0;
-      return Replay(0);
-    }
-    return Status::Ok();
-  }
+  // Nothing arrived live for a while: ask from the last delivered batch. A lost tail comes back;
+  // the answer for that batch is checked against what was delivered (a restarted publisher that
+  // overtook the old sequence serves another batch there); no answer at all means the publisher
+  // lost its buffer (restart without journal). Needs buffer_steps >= 1, as every vLLM default.
+  Status Probe() { return StartReplay(*next_expected_, ReplayPurpose::kProbe); }
 
-  // Asks the ROUTER for every batch >= from and delivers those after next_expected_, until the end
-  // marker. Accepts [seq, payload] (vLLM <= 0.25) and [topic, seq, payload] replies.
-  Status Replay(uint64_t from) {
+  // Asks for a replay that continues the stream at `from`.
+  Status StartReplay(uint64_t from, ReplayPurpose purpose) {
     {
       MutexLock lock(&mu_);
       ++stats_.replay_requests;
     }
-    last_replay_completed_ = false;
+    // Gap and probe replays ask from the last delivered batch: its answer is checked.
+    uint64_t ask = from;
+    if ((purpose == ReplayPurpose::kGap || purpose == ReplayPurpose::kProbe ||
+         purpose == ReplayPurpose::kVerify) &&
+        from > 0) {
+      ask = from - 1;
+    }
     try {
-      std::string start = zmq_util::BigEndian64(from);
+      std::string start = zmq_util::BigEndian64(ask);
       dealer_.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
       dealer_.send(zmq::buffer(start), zmq::send_flags::none);
-      bool first = true;
-      while (true) {
-        zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(options_.replay_timeout_ms));
-        if (!(item.revents & ZMQ_POLLIN)) {
-          // Stale replies to this request must not confuse the next one: start a fresh socket.
-          KVO_RETURN_IF_ERROR(OpenDealer());
-          Notice(NoticeKind::kGapUnrecoverable, from, from,
-                 "replay timed out after " + std::to_string(options_.replay_timeout_ms) + " ms");
-          break;
-        }
-        Frames frames;
-        if (!zmq::recv_multipart(dealer_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
-          continue;
-        }
-        if (frames.size() < 3 || frames.size() > 4 || frames[0].size() != 0) {
-          MutexLock lock(&mu_);
-          ++stats_.malformed_messages;
-          continue;
-        }
-        bool with_topic = frames.size() == 4;
-        std::string_view topic = with_topic ? frames[1].to_string_view() : std::string_view();
-        std::string_view seq_bytes = frames[with_topic ? 2 : 1].to_string_view();
-        std::string_view payload = frames[with_topic ? 3 : 2].to_string_view();
-        if (seq_bytes == zmq_util::kEndSeq && payload.empty()) {
-          last_replay_completed_ = true;
-          break;
-        }
-        if (seq_bytes.size() != 8) {
-          MutexLock lock(&mu_);
-          ++stats_.malformed_messages;
-          continue;
-        }
-        uint64_t seq = zmq_util::FromBigEndian(seq_bytes);
-        if (with_topic && !topic.starts_with(options_.topic)) continue;  // as SUB filtering does
-        ++replayed_batches_;
-        {
-          MutexLock lock(&mu_);
-          ++stats_.replayed_received;
-        }
-        bool was_first = first;
-        first = false;
-        if (next_expected_ && seq < *next_expected_) {
-          MutexLock lock(&mu_);
-          ++stats_.duplicates_dropped;
-          continue;
-        }
-        uint64_t expected = next_expected_ ? *next_expected_ : from;
-        if (seq > expected) {
-          // vLLM sends no signal when the publisher no longer holds what was asked for.
-          Lost(expected, seq,
-               was_first ? "replay could not reach back far enough"
-                         : "hole in the publisher's replay buffer");
-        }
-        if (!with_topic) topic = options_.topic;
-        Deliver(seq, topic, payload, true);
-      }
     } catch (const zmq::error_t& e) {
       return zmq_util::ZmqError("replay request to '" + *options_.replay_endpoint + "'", e);
     }
-    if (next_expected_) dup_window_end_ = *next_expected_ - 1;
+    ReplayState r;
+    r.asked = ask;
+    r.expected_at_start = from;
+    r.purpose = purpose;
+    r.started_ns = r.last_frame_ns = clock_->MonotonicNanos();
+    replay_ = r;
     return Status::Ok();
+  }
+
+  // Reads the current reply until a batch is ready, the reply ends, or `deadline`.
+  Status PumpReplay(int64_t deadline) {
+    if (replay_->yielded) {
+      replay_->yielded = false;
+      replay_->last_frame_ns = clock_->MonotonicNanos();
+    }
+    while (replay_ && ready_.empty()) {
+      Frames frames;
+      try {
+        if (zmq::recv_multipart(dealer_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+          replay_->last_frame_ns = clock_->MonotonicNanos();
+          if (replay_->last_frame_ns - replay_->started_ns >= options_.replay_max_ms * 1'000'000) {
+            return AbandonReplay("the reply took longer than " +
+                                 std::to_string(options_.replay_max_ms) + " ms");
+          }
+          KVO_RETURN_IF_ERROR(HandleReplayFrames(frames));
+          continue;
+        }
+      } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) continue;
+        return zmq_util::ZmqError("replay request to '" + *options_.replay_endpoint + "'", e);
+      }
+      int64_t now = clock_->MonotonicNanos();
+      int64_t frame_deadline = replay_->last_frame_ns + options_.replay_timeout_ms * 1'000'000;
+      int64_t total_deadline = replay_->started_ns + options_.replay_max_ms * 1'000'000;
+      if (now >= total_deadline) {
+        return AbandonReplay("the reply took longer than " +
+                             std::to_string(options_.replay_max_ms) + " ms");
+      }
+      if (now >= frame_deadline) {
+        return AbandonReplay("replay timed out after " +
+                             std::to_string(options_.replay_timeout_ms) + " ms");
+      }
+      if (now >= deadline) return Status::Ok();
+      try {
+        zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
+        int64_t wait = std::min({deadline, frame_deadline, total_deadline}) - now;
+        zmq::poll(&item, 1, std::chrono::milliseconds(PollMs(wait)));
+      } catch (const zmq::error_t& e) {
+        if (e.num() != EINTR) {
+          return zmq_util::ZmqError("replay request to '" + *options_.replay_endpoint + "'", e);
+        }
+      }
+    }
+    if (replay_ && !ready_.empty()) replay_->yielded = true;
+    return Status::Ok();
+  }
+
+  // A frame that does not advance the reply; too many of them end it.
+  Status IdleFrame() {
+    if (++replay_->idle_frames > kMaxIdleFramesPerReply) {
+      return AbandonReplay("more than " + std::to_string(kMaxIdleFramesPerReply) +
+                           " frames that do not advance the stream");
+    }
+    return Status::Ok();
+  }
+
+  Status HandleReplayFrames(const Frames& frames) {
+    if (frames.size() < 3 || frames.size() > 4 || frames[0].size() != 0) {
+      MutexLock lock(&mu_);
+      ++stats_.malformed_messages;
+      return IdleFrame();
+    }
+    bool with_topic = frames.size() == 4;
+    std::string_view topic = with_topic ? frames[1].to_string_view() : std::string_view();
+    std::string_view seq_bytes = frames[with_topic ? 2 : 1].to_string_view();
+    std::string_view payload = frames[with_topic ? 3 : 2].to_string_view();
+    if (seq_bytes == zmq_util::kEndSeq && payload.empty()) return FinishReplay();
+    if (seq_bytes.size() != 8 || seq_bytes == zmq_util::kEndSeq) {
+      {
+        MutexLock lock(&mu_);
+        ++stats_.malformed_messages;
+      }
+      return IdleFrame();
+    }
+    uint64_t seq = zmq_util::FromBigEndian(seq_bytes);
+    if (with_topic && !topic.starts_with(options_.topic)) return IdleFrame();  // as SUB does
+    const bool first = replay_->batches == 0;
+    ++replay_->batches;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.replayed_received;
+    }
+    if (next_expected_ && seq < *next_expected_) {
+      std::optional<uint64_t> known = DigestOf(seq);
+      if (known && *known != zmq_util::PayloadDigest(payload)) {
+        // The publisher serves another batch under a seq already delivered: it restarted.
+        uint64_t old_next = *next_expected_;
+        KVO_RETURN_IF_ERROR(DropReply());
+        Restart(seq, old_next,
+                "replay serves a different batch for seq " + std::to_string(seq) +
+                    " than the one delivered");
+        next_expected_ = 0;
+        return StartReplay(0, ReplayPurpose::kRestart);
+      }
+      if (!(first && seq == replay_->asked)) {  // the asked-for overlap is expected
+        MutexLock lock(&mu_);
+        ++stats_.duplicates_dropped;
+      }
+      return IdleFrame();
+    }
+    uint64_t expected = next_expected_ ? *next_expected_ : replay_->asked;
+    if (seq - expected >= options_.max_seq_jump && seq > expected) {
+      {
+        MutexLock lock(&mu_);
+        ++stats_.absurd_sequences;
+      }
+      return AbandonReplay("the reply jumped from seq " + std::to_string(expected) + " to " +
+                           std::to_string(seq));
+    }
+    if (seq > expected) {
+      // vLLM sends no signal when the publisher no longer holds what was asked for.
+      Lost(expected, seq,
+           first ? "replay could not reach back far enough"
+                 : "hole in the publisher's replay buffer");
+    }
+    if (!with_topic) topic = options_.topic;
+    Deliver(seq, topic, payload, true);
+    return Status::Ok();
+  }
+
+  // Stale replies to an abandoned request must not confuse the next one: a fresh socket.
+  Status DropReply() {
+    replay_.reset();
+    return OpenDealer();
+  }
+
+  Status AbandonReplay(std::string why) {
+    uint64_t asked = replay_->asked;
+    {
+      MutexLock lock(&mu_);
+      ++stats_.replay_failures;
+    }
+    KVO_RETURN_IF_ERROR(DropReply());
+    Notice(NoticeKind::kReplayFailed, asked, asked, std::move(why));
+    last_replay_failed_ = true;
+    return AfterReplay();
+  }
+
+  Status FinishReplay() {
+    ReplayState r = *replay_;
+    replay_.reset();
+    last_replay_failed_ = false;
+    if (r.purpose == ReplayPurpose::kProbe && r.batches == 0 && next_expected_ &&
+        *next_expected_ > 0) {
+      uint64_t last = *next_expected_ - 1;
+      Restart(0, last + 1,
+              "the publisher no longer holds seq " + std::to_string(r.asked) +
+                  " and has nothing newer");
+      next_expected_ = 0;
+      return StartReplay(0, ReplayPurpose::kRestart);
+    }
+    if (r.purpose == ReplayPurpose::kGap && next_expected_ &&
+        *next_expected_ > r.expected_at_start) {
+      {
+        MutexLock lock(&mu_);
+        ++stats_.gaps_filled;
+      }
+      Notice(NoticeKind::kGapFilled, r.expected_at_start, *next_expected_, "replayed");
+    }
+    return AfterReplay();
+  }
+
+  // The live message that waited for the replay, if any, now goes through.
+  Status AfterReplay() {
+    if (!held_live_) return Status::Ok();
+    Frames held = std::move(*held_live_);
+    held_live_.reset();
+    return HandleLive(std::move(held), true);
   }
 
   // Immutable after construction.
@@ -338,10 +555,13 @@ class ZmqSubscriber final : public Subscriber {
   std::deque<ReceivedBatch> ready_;
   std::vector<SubscriberNotice> notices_;
   std::optional<uint64_t> next_expected_;  // the seq that continues the stream
-  std::optional<uint64_t> dup_window_end_;
-  uint64_t replayed_batches_ = 0;       // batches received from replay replies, ever
-  bool last_replay_completed_ = false;  // the last replay ended with the end marker
-  int64_t last_live_ns_ = 0;
+  std::optional<ReplayState> replay_;      // the replay being answered
+  std::optional<Frames> held_live_;        // the live message a gap replay runs for
+  bool last_replay_failed_ = false;
+  std::deque<uint64_t> digests_;  // digests_[i]: the batch delivered for seq digest_base_ + i
+  uint64_t digest_base_ = 0;
+  int64_t last_live_ns_ = 0;     // last live message or probe
+  int64_t last_message_ns_ = 0;  // last live message
 
   mutable Mutex mu_;
   SubscriberStats stats_ GUARDED_BY(mu_);
@@ -351,7 +571,10 @@ class ZmqSubscriber final : public Subscriber {
 
 Result<std::unique_ptr<Subscriber>> Subscriber::Create(const SubscriberOptions& options,
                                                        Clock* clock) {
-  if (options.endpoint.empty()) return Status::InvalidArgument("subscriber: empty endpoint");
+  KVO_RETURN_IF_ERROR(ValidateEndpoint(options.endpoint, "subscriber endpoint"));
+  if (options.replay_endpoint) {
+    KVO_RETURN_IF_ERROR(ValidateEndpoint(*options.replay_endpoint, "subscriber replay endpoint"));
+  }
   auto sub = std::make_unique<ZmqSubscriber>(options, clock != nullptr ? clock : SystemClock());
   KVO_RETURN_IF_ERROR(sub->Start());
   return std::unique_ptr<Subscriber>(std::move(sub));

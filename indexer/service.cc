@@ -38,6 +38,8 @@ struct StreamMetrics {
   Counter* malformed = nullptr;
   Counter* apply_errors = nullptr;
   Counter* unknown_removals = nullptr;
+  Counter* replay_failures = nullptr;
+  Counter* absurd_sequences = nullptr;
   Gauge* last_seq = nullptr;
   Gauge* lag = nullptr;
   Gauge* connected = nullptr;
@@ -68,6 +70,12 @@ constexpr StreamRow<Counter> kStreamCounters[] = {
     {"kvo_indexer_apply_errors", "Batches the index refused", &StreamMetrics::apply_errors},
     {"kvo_indexer_unknown_removals", "Removals of hashes the stream did not hold",
      &StreamMetrics::unknown_removals},
+    {"kvo_indexer_replay_failures", "Replays timed out or abandoned (nothing lost by itself)",
+     &StreamMetrics::replay_failures},
+    {"kvo_indexer_absurd_sequences",
+     "Live sequence numbers far ahead (>= max_seq_jump) or the end-marker value: a restart or "
+     "garbage, not a loss",
+     &StreamMetrics::absurd_sequences},
 };
 constexpr StreamRow<Gauge> kStreamGauges[] = {
     {"kvo_indexer_last_sequence", "Last applied sequence", &StreamMetrics::last_seq},
@@ -336,11 +344,12 @@ void IndexerService::Impl::RunStream(StreamState* s) {
             HandleLoss(s, "publisher restart (" + n.detail + ")");
             break;
           case NoticeKind::kGapUnrecoverable:
-            if (n.from_seq == n.to_seq) {
-              replay_timed_out = true;  // a replay that timed out; losses follow separately
-            } else {
-              pending.push_back(n);
-            }
+            pending.push_back(n);
+            break;
+          case NoticeKind::kReplayFailed:
+            replay_timed_out = true;  // nothing lost by itself; losses follow separately
+            KVO_LOG_WARN("source '{}' rank {}: replay from seq {} failed: {}", s->stream.source,
+                         s->stream.dp_rank, n.from_seq, n.detail);
             break;
           case NoticeKind::kDecodeError:
             KVO_LOG_ERROR("source '{}' rank {}: batch seq {} does not decode, skipped: {}",
@@ -362,6 +371,10 @@ void IndexerService::Impl::RunStream(StreamState* s) {
           static_cast<double>(now.decode_errors - seen.decode_errors));
       s->metrics.malformed->Increment(
           static_cast<double>(now.malformed_messages - seen.malformed_messages));
+      s->metrics.replay_failures->Increment(
+          static_cast<double>(now.replay_failures - seen.replay_failures));
+      s->metrics.absurd_sequences->Increment(
+          static_cast<double>(now.absurd_sequences - seen.absurd_sequences));
       {
         MutexLock lock(&s->mu);
         s->status.gaps_filled += now.gaps_filled - seen.gaps_filled;

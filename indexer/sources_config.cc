@@ -67,12 +67,7 @@ bool ValidName(std::string_view name) {
 }
 
 Status ValidEndpoint(const std::string& source, const char* key, const std::string& ep) {
-  if (!(ep.starts_with("tcp://") || ep.starts_with("ipc://") || ep.starts_with("inproc://")) ||
-      ep.find("://") + 3 == ep.size()) {
-    return Status::InvalidArgument("source '" + source + "': " + key + " '" + ep +
-                                   "' must be tcp://HOST:PORT, ipc://PATH or inproc://NAME");
-  }
-  return Status::Ok();
+  return ValidateEndpoint(ep, "source '" + source + "': " + key);
 }
 
 constexpr int64_t kMaxRanks = 1024;

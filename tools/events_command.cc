@@ -4,6 +4,7 @@
 //   journal  prints the records of a journal directory.
 // JSON lines use events/event_json.h's form; stdout carries only data, notices go to stderr.
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,15 @@ void PrintJsonLine(FILE* out, const nlohmann::ordered_json& j) {
 }
 
 Result<std::string> ReadWholeFile(const std::string& path, const char* what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
+                                   "': " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(std::string(what) + " '" + path +
+                                   "' is a directory, not a file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
@@ -81,11 +91,19 @@ struct TailArgs {
   CLI::Option* timeout_opt = nullptr;
 };
 
-// The subscriber logs every notice as a warning; with --json they are also printed as JSON
-// objects on stderr, for programs that watch the stream.
+// Every notice -- filled gaps included -- goes to stderr: with --json as one JSON object each
+// (for programs that watch the stream), else as one text line each.
 void ReportNotices(const std::vector<SubscriberNotice>& notices, bool json) {
-  if (!json) return;
   for (const SubscriberNotice& n : notices) {
+    if (!json) {
+      std::string line = std::string("notice ") + NoticeKindName(n.kind) + " [" +
+                         std::to_string(n.from_seq) + ", " + std::to_string(n.to_seq) + ")";
+      if (!n.detail.empty()) line += " " + n.detail;
+      line += '\n';
+      std::fwrite(line.data(), 1, line.size(), stderr);
+      std::fflush(stderr);
+      continue;
+    }
     nlohmann::ordered_json j;
     j["notice"] = NoticeKindName(n.kind);
     j["from_seq"] = n.from_seq;
@@ -99,6 +117,10 @@ Status RunTail(const TailArgs& args) {
   if (args.timeout_opt->count() > 0 && args.timeout_ms < 0) {
     return Status::InvalidArgument("--timeout-ms must be >= 0, got " +
                                    std::to_string(args.timeout_ms));
+  }
+  KVO_RETURN_IF_ERROR(ValidateEndpoint(args.endpoint, "--endpoint"));
+  if (args.replay_opt->count() > 0) {
+    KVO_RETURN_IF_ERROR(ValidateEndpoint(args.replay_endpoint, "--replay-endpoint"));
   }
   SubscriberOptions options;
   options.endpoint = args.endpoint;

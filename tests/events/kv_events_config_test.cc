@@ -38,7 +38,7 @@ TEST(KvEventsConfigTest, PublisherResolvesFromTheSwitch) {
   EXPECT_EQ(full->encoding, "array");
 }
 
-void ExpectRejected(const char* json, const std::string& fragment) {
+void ExpectRejected(const std::string& json, const std::string& fragment) {
   auto c = ParseKvEventsConfig(json);
   ASSERT_FALSE(c.ok()) << json;
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
@@ -70,6 +70,29 @@ TEST(KvEventsConfigTest, OffsetsPortsLikeVllm) {
   EXPECT_NE(bad.status().message().find("Invalid endpoint: must contain 'inproc' or 'tcp'"),
             std::string::npos);
   EXPECT_FALSE(OffsetEndpointPort("tcp://host:port", 1).ok());
+}
+
+// Issue 10 item 12: an impossible port or a NUL byte in an endpoint was accepted.
+TEST(KvEventsConfigTest, RejectsImpossibleEndpointsNamingThem) {
+  const std::string on = R"("enable_kv_cache_events":true,)";
+  ExpectRejected("{" + on + R"("endpoint":"tcp://127.0.0.1:99999"})",
+                 "'endpoint' 'tcp://127.0.0.1:99999': the port must be a number in 1-65535");
+  ExpectRejected("{" + on + R"("endpoint":"tcp://127.0.0.1:5557\u0000x"})",
+                 "'endpoint' 'tcp://127.0.0.1:5557\\x00x': contains a control character");
+  ExpectRejected(R"({"replay_endpoint":"tcp://127.0.0.1:0"})", "'replay_endpoint'");
+  ExpectRejected(R"({"replay_endpoint":"udp://x:1"})", "must be tcp://HOST:PORT");
+  ExpectRejected("{" + on + R"("endpoint":"tcp://:5557"})", "must be tcp://HOST:PORT");
+  ExpectRejected("{" + on + R"("endpoint":")" + std::string(5000, 'a') + R"("})",
+                 "...(5000 bytes)");
+  EXPECT_TRUE(ValidateEndpoint("tcp://*:5557", "x").ok());
+  EXPECT_TRUE(ValidateEndpoint("tcp://[::1]:65535", "x").ok());
+  EXPECT_TRUE(ValidateEndpoint("tcp://127.0.0.1:*", "x").ok());
+  EXPECT_TRUE(ValidateEndpoint("ipc:///tmp/kv.sock", "x").ok());
+  EXPECT_TRUE(ValidateEndpoint("inproc://events", "x").ok());
+  Status nul = ValidateEndpoint(std::string("tcp://h:1\0", 10), "--endpoint");
+  ASSERT_FALSE(nul.ok());
+  EXPECT_NE(nul.message().find("--endpoint"), std::string::npos);
+  EXPECT_FALSE(OffsetEndpointPort("tcp://*:65535", 1).ok());
 }
 
 TEST(KvEventsConfigTest, BindOrConnectRule) {

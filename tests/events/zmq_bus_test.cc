@@ -5,8 +5,12 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <random>
+#include <thread>
 
 #include "events/codec.h"
 #include "events/journal.h"
@@ -397,9 +401,11 @@ TEST_F(BusTest, AcceptsTheOldTwoFrameReplyShape) {
     std::vector<zmq::message_t> req;
     ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(req)));
     ASSERT_EQ(req.size(), 3u);
-    EXPECT_EQ(Seq(req[2]), 4u);
+    // The gap replay asks from the last delivered batch (3), whose answer is checked.
+    EXPECT_EQ(Seq(req[2]), 3u);
     std::string id = req[0].to_string();
-    for (auto [seq, payload] : {std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
+    for (auto [seq, payload] :
+         {std::pair{3, &p3}, std::pair{4, &p4}, std::pair{5, &p5}, std::pair{6, &p6}}) {
       const std::string seq_bytes = Be64(seq);  // outlives the send below
       std::array<zmq::const_buffer, 4> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
                                                  zmq::buffer(seq_bytes), zmq::buffer(*payload)};
@@ -450,6 +456,350 @@ TEST_F(BusTest, MalformedLiveMessagesAreCountedAndSkipped) {
   auto stats = (*sub)->stats();
   EXPECT_GE(stats.malformed_messages, 2u);
   EXPECT_GE(stats.decode_errors, 1u);
+}
+
+// A replay client that stops reading (its queue full) must not starve other clients' replays
+// (found by tests/faults/bus_faults_test.cc: a subscriber mid-replay blocked every later request).
+TEST_F(BusTest, StalledReplayClientDoesNotBlockOthers) {
+  auto pub = Publisher(Config("kv", 10000));
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  zmq::socket_t stalled(ctx_, zmq::socket_type::dealer);
+  stalled.set(zmq::sockopt::rcvhwm, 10);
+  stalled.set(zmq::sockopt::linger, 0);
+  stalled.connect(Ep("replay"));
+  std::string start = Be64(0);
+  stalled.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+  stalled.send(zmq::buffer(start), zmq::send_flags::none);
+  // Wait until the publisher has taken the stalled request (it counts requests).
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (pub->stats().replay_requests < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(pub->stats().replay_requests, 1u);
+  auto replies = RawReplay(4990);  // fails on its own 10 s guard when starved
+  ASSERT_EQ(replies.size(), 11u);
+  EXPECT_EQ(replies[0][1], Be64(4990));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restarts, absurd sequence numbers and hostile replay servers (issue 10 items 3, 4, 6, 10, 12).
+
+// What an indexer holds from a subscriber: seq -> ts of the delivered batch, emptied by a restart.
+struct View {
+  std::map<uint64_t, double> ts;
+  std::vector<SubscriberNotice> notices;
+  uint64_t restarts = 0;
+};
+
+// Follows `sub` until the view equals `want` (seq -> ts) or `limit` passes.
+bool FollowUntil(Subscriber& sub, const std::map<uint64_t, double>& want, View* view,
+                 std::chrono::milliseconds limit = 20s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto next = sub.Next(50ms);
+    EXPECT_TRUE(next.ok()) << next.status().ToString();
+    if (!next.ok()) return false;
+    for (SubscriberNotice& n : sub.TakeNotices()) {
+      if (n.kind == NoticeKind::kPublisherRestart) {
+        view->ts.clear();
+        ++view->restarts;
+      }
+      view->notices.push_back(std::move(n));
+    }
+    if (next->has_value()) view->ts[(*next)->seq] = (*next)->batch.ts;
+    if (view->ts == want) return true;
+  }
+  return false;
+}
+
+std::map<uint64_t, double> Stream(uint64_t base, uint64_t count, uint64_t first_seq = 0) {
+  std::map<uint64_t, double> out;
+  for (uint64_t i = 0; i < count; ++i) out[first_seq + i] = Batch(base + i).ts;
+  return out;
+}
+
+// Item 3: a vLLM-style publisher (no journal) restarts and its new sequence overtakes the old one
+// at once. Before: live batches below the last replayed seq were taken for replay duplicates, so
+// the index became the old 300 batches plus the new ones from seq 300.
+TEST_F(BusTest, OvertakingRestartWithoutJournalIsDetectedAndTheNewStreamRead) {
+  for (int rate : {5000, 2000, 0}) {  // batches/s; 0: as fast as possible
+    SCOPED_TRACE("rate " + std::to_string(rate));
+    testing::TempDir dir;
+    KvEventsConfig c = Config();
+    c.endpoint = "ipc://" + dir.path() + "/pub";
+    c.replay_endpoint = "ipc://" + dir.path() + "/replay";
+    auto o = SubOptions(c.endpoint, *c.replay_endpoint, 0);
+    o.idle_probe_ms = 1000;
+    std::unique_ptr<Subscriber> sub;
+    View view;
+    {
+      auto old_pub = Publisher(c);
+      for (uint64_t i = 0; i < 300; ++i) ASSERT_TRUE(old_pub->Publish(Batch(i)).ok());
+      old_pub->Flush();
+      auto created = Subscriber::Create(o);
+      ASSERT_TRUE(created.ok());
+      sub = std::move(created).value();
+      ASSERT_TRUE(FollowUntil(*sub, Stream(0, 300), &view));  // through the initial replay
+    }
+    auto new_pub = Publisher(c);
+    std::thread writer([&] {
+      auto start = std::chrono::steady_clock::now();
+      for (uint64_t i = 0; i < 3000; ++i) {
+        if (rate > 0) std::this_thread::sleep_until(start + i * 1s / rate);  // pacing, not sync
+        ASSERT_TRUE(new_pub->Publish(Batch(100000 + i)).ok());
+      }
+      new_pub->Flush();
+    });
+    bool converged = FollowUntil(*sub, Stream(100000, 3000), &view, 30s);
+    writer.join();
+    EXPECT_TRUE(converged) << "view holds " << view.ts.size() << " batches, restarts "
+                           << view.restarts;
+    EXPECT_GE(view.restarts, 1u);
+    EXPECT_EQ(sub->stats().batches_lost, 0u);
+  }
+}
+
+// Item 4: a journaled publisher lost its journal's tail (fsync never + power loss) and reuses
+// sequence numbers the subscriber has seen, with other batches. Before: skipped as duplicates.
+TEST_F(BusTest, SequenceReuseAfterALostJournalTailIsARestart) {
+  JournalOptions lost;
+  lost.dir = dir_.path() + "/journal-survivor";
+  {
+    // What survived the power loss: the first 60 records.
+    auto survivor = Journal::Open(lost);
+    ASSERT_TRUE(survivor.ok());
+    for (uint64_t i = 0; i < 60; ++i) {
+      EventBatch b = Batch(i);
+      b.data_parallel_rank = 0;
+      ASSERT_TRUE((*survivor)->Append(i, EncodeBatch(b)).ok());
+    }
+    ASSERT_TRUE((*survivor)->Sync().ok());
+  }
+  JournalOptions full;
+  full.dir = dir_.path() + "/journal";
+  auto journal = Journal::Open(full);
+  ASSERT_TRUE(journal.ok());
+  std::unique_ptr<Subscriber> sub;
+  View view;
+  {
+    auto pub = Publisher(Config(), journal->get());
+    for (uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+    pub->Flush();
+    auto created = Subscriber::Create(SubOptions(Ep("pub"), Ep("replay"), 0));
+    ASSERT_TRUE(created.ok());
+    sub = std::move(created).value();
+    ASSERT_TRUE(FollowUntil(*sub, Stream(0, 100), &view));
+  }
+  auto survivor = Journal::Open(lost);
+  ASSERT_TRUE(survivor.ok());
+  auto pub = Publisher(Config(), survivor->get());
+  ASSERT_EQ(pub->stats().next_seq, 60u);
+  for (uint64_t i = 0; i < 100; ++i) ASSERT_TRUE(pub->Publish(Batch(5000 + i)).ok());
+  pub->Flush();
+  std::map<uint64_t, double> want = Stream(0, 60);
+  want.merge(Stream(5000, 100, 60));
+  EXPECT_TRUE(FollowUntil(*sub, want, &view)) << "view holds " << view.ts.size();
+  EXPECT_GE(view.restarts, 1u);
+}
+
+// A raw PUB socket for hand-made live messages; sends `seq` until the subscriber has one (the
+// PUB drops messages before the SUB connects).
+class RawPub {
+ public:
+  RawPub(zmq::context_t& ctx, const std::string& endpoint) : pub_(ctx, zmq::socket_type::pub) {
+    pub_.set(zmq::sockopt::linger, 0);
+    pub_.bind(endpoint);
+  }
+  void Send(uint64_t seq, const std::string& payload) {
+    pub_.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);
+    pub_.send(zmq::buffer(Be64(seq)), zmq::send_flags::sndmore);
+    pub_.send(zmq::buffer(payload), zmq::send_flags::none);
+  }
+  std::optional<ReceivedBatch> Handshake(Subscriber& sub, uint64_t seq) {
+    for (int i = 0; i < 500; ++i) {
+      Send(seq, EncodeBatch(Batch(seq)));
+      auto n = sub.Next(10ms);
+      if (n.ok() && n->has_value()) return std::move(**n);
+    }
+    return std::nullopt;
+  }
+
+ private:
+  zmq::socket_t pub_;
+};
+
+// Item 10: one absurd live sequence number is a restart (a new stream), not 1.8e19 lost batches;
+// the end-marker value is garbage.
+TEST_F(BusTest, AbsurdLiveSequenceNumbersAreCountedNotLost) {
+  RawPub pub(ctx_, Ep("pub"));
+  SubscriberOptions o = SubOptions(Ep("pub"), "", std::nullopt);
+  o.replay_endpoint.reset();
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  ASSERT_TRUE(pub.Handshake(**sub, 0).has_value());
+  pub.Send(1, EncodeBatch(Batch(1)));
+  pub.Send(~uint64_t{0}, EncodeBatch(Batch(2)));
+  pub.Send(2'000'002, EncodeBatch(Batch(3)));
+  pub.Send(2'000'003, EncodeBatch(Batch(4)));
+  auto got = ReadN(**sub, 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].seq, 1u);
+  EXPECT_EQ(got[1].seq, 2'000'002u);
+  EXPECT_EQ(got[2].seq, 2'000'003u);
+  SubscriberStats st = (*sub)->stats();
+  EXPECT_EQ(st.batches_lost, 0u);
+  EXPECT_EQ(st.absurd_sequences, 2u);
+  EXPECT_EQ(st.restarts, 1u);
+}
+
+// A hand-rolled replay server answering each request with `answer(start, send)`.
+class RawReplayServer {
+ public:
+  using Send = std::function<bool(const std::string& seq, const std::string& payload)>;
+  RawReplayServer(zmq::context_t& ctx, const std::string& endpoint,
+                  std::function<void(uint64_t, const Send&)> answer)
+      : router_(ctx, zmq::socket_type::router), answer_(std::move(answer)) {
+    router_.set(zmq::sockopt::linger, 0);
+    router_.set(zmq::sockopt::sndhwm, 0);
+    router_.bind(endpoint);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RawReplayServer() {
+    stop_ = true;
+    thread_.join();
+  }
+  int requests() const { return requests_.load(); }
+  std::atomic<bool> stop_{false};
+
+ private:
+  void Run() {
+    while (!stop_) {
+      zmq::pollitem_t item{router_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 20ms);
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      std::vector<zmq::message_t> req;
+      if (!zmq::recv_multipart(router_, std::back_inserter(req))) continue;
+      if (req.size() != 3) continue;
+      ++requests_;
+      std::string id = req[0].to_string();
+      answer_(Seq(req[2]), [&](const std::string& seq, const std::string& payload) {
+        if (stop_) return false;
+        std::array<zmq::const_buffer, 4> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
+                                                   zmq::buffer(seq), zmq::buffer(payload)};
+        zmq::send_multipart(router_, frames);
+        return true;
+      });
+    }
+  }
+  zmq::socket_t router_;
+  std::function<void(uint64_t, const Send&)> answer_;
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+};
+
+// Items 6 and 10: an endless reply is applied as it streams (the first batch comes long before any
+// end) and abandoned after replay_max_ms; a reply serving an absurd seq is abandoned, not
+// followed. Before: Create() buffered the whole reply (growing without bound) until it stopped.
+TEST_F(BusTest, EndlessReplyIsStreamedAndAbandonedAfterItsTimeBound) {
+  RawReplayServer server(
+      ctx_, Ep("replay"), [&](uint64_t start, const RawReplayServer::Send& send) {
+        auto until = std::chrono::steady_clock::now() + 5s;  // bounded for the test's sake
+        for (uint64_t seq = start; std::chrono::steady_clock::now() < until; ++seq) {
+          if (!send(Be64(seq), EncodeBatch(Batch(seq)))) return;
+        }
+      });
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
+  o.replay_max_ms = 600;
+  o.idle_probe_ms = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  auto first = ReadN(**sub, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].seq, 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "the reply was buffered whole";
+  bool failed = false;
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!failed && std::chrono::steady_clock::now() < deadline) {
+    auto n = (*sub)->Next(10ms);
+    ASSERT_TRUE(n.ok());
+    for (const auto& notice : (*sub)->TakeNotices()) {
+      EXPECT_NE(notice.kind, NoticeKind::kGapUnrecoverable) << notice.detail;
+      failed |= notice.kind == NoticeKind::kReplayFailed;
+    }
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);
+  EXPECT_EQ((*sub)->stats().replay_failures, 1u);
+  EXPECT_EQ((*sub)->stats().batches_lost, 0u);
+}
+
+TEST_F(BusTest, ReplayServingAnAbsurdSequenceIsAbandoned) {
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           send(Be64(start), EncodeBatch(Batch(start)));
+                           send(Be64(~uint64_t{0} - 1), EncodeBatch(Batch(1)));
+                           send(Be64(~uint64_t{0}), "");
+                         });
+  auto sub = Subscriber::Create(SubOptions(Ep("pub"), Ep("replay"), 0));
+  ASSERT_TRUE(sub.ok());
+  auto got = ReadN(**sub, 1);
+  ASSERT_EQ(got.size(), 1u);
+  auto n = (*sub)->Next(300ms);
+  ASSERT_TRUE(n.ok());
+  EXPECT_FALSE(n->has_value());
+  SubscriberStats st = (*sub)->stats();
+  EXPECT_EQ(st.batches_lost, 0u);
+  EXPECT_GE(st.replay_failures, 1u);
+  EXPECT_EQ(st.last_seq, 0u);
+}
+
+// Item 12: a replay that times out is a failed replay, not "gap_unrecoverable [x, x)".
+TEST_F(BusTest, ReplayTimeOutIsReportedAsAFailedReplayNotALoss) {
+  RawReplayServer server(ctx_, Ep("replay"), [](uint64_t, const RawReplayServer::Send&) {});
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
+  o.replay_timeout_ms = 100;
+  o.idle_probe_ms = 0;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  std::vector<SubscriberNotice> notices;
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (notices.empty() && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE((*sub)->Next(20ms).ok());
+    notices = (*sub)->TakeNotices();
+  }
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].kind, NoticeKind::kReplayFailed);
+  EXPECT_EQ((*sub)->stats().replay_failures, 1u);
+}
+
+// Item 13: a gap that replay filled is reported (kGapFilled with its range).
+TEST_F(BusTest, FilledGapsAreReported) {
+  RawPub pub(ctx_, Ep("pub"));
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           for (uint64_t seq = start; seq <= 6; ++seq)
+                             send(Be64(seq), EncodeBatch(Batch(seq)));
+                           send(Be64(~uint64_t{0}), "");
+                         });
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
+  o.idle_probe_ms = 0;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  ASSERT_TRUE(pub.Handshake(**sub, 3).has_value());
+  (*sub)->TakeNotices();
+  pub.Send(6, EncodeBatch(Batch(6)));
+  auto got = ReadN(**sub, 3);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[2].seq, 6u);
+  ASSERT_TRUE((*sub)->Next(100ms).ok());  // the reply's end marker: the gap is filled
+  auto notices = (*sub)->TakeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].kind, NoticeKind::kGapFilled);
+  EXPECT_EQ(notices[0].from_seq, 4u);
+  EXPECT_EQ(notices[0].to_seq, 7u);
+  EXPECT_EQ((*sub)->stats().gaps_filled, 1u);
 }
 
 }  // namespace

@@ -177,6 +177,53 @@ TEST_F(ServiceTest, OneRankRestartClearsOnlyThatRank) {
   (*r1)->Shutdown();
 }
 
+// Issue 10 item 3: a vLLM-style publisher (no journal) restarts and its new sequence overtakes the
+// old one at once. Before: the index became the old 300 batches plus the new ones from seq 300
+// (no restart seen, no clear). Now: the stream is cleared and holds exactly the new stream.
+TEST_F(ServiceTest, OvertakingRestartWithoutJournalClearsAndRebuilds) {
+  KvEventsConfig pc;
+  pc.enable_kv_cache_events = true;
+  pc.publisher = "zmq";
+  pc.endpoint = "ipc://" + dir_.path() + "/ov.pub";
+  pc.replay_endpoint = "ipc://" + dir_.path() + "/ov.replay";
+  IndexerConfig c = Config();
+  c.idle_probe_ms = 1000;
+  SourceConfig s;
+  s.name = "ov";
+  s.endpoint = pc.endpoint;
+  s.replay_endpoint = pc.replay_endpoint;
+  c.sources = {s};
+  auto svc = IndexerService::Start(c);
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  IndexerService& service = **svc;
+  {
+    auto old_pub = CreateEventPublisher(pc, 0);
+    ASSERT_TRUE(old_pub.ok());
+    for (uint64_t i = 0; i < 300; ++i) ASSERT_TRUE((*old_pub)->Publish(Store(1000 + i, 0)).ok());
+    (*old_pub)->Flush();
+    ASSERT_TRUE(Eventually([&] { return AtSeq(service, "ov", 0, 299); }));
+    (*old_pub)->Shutdown();
+  }
+  auto new_pub = CreateEventPublisher(pc, 0);
+  ASSERT_TRUE(new_pub.ok());
+  for (uint64_t i = 0; i < 3000; ++i) ASSERT_TRUE((*new_pub)->Publish(Store(50000 + i, 0)).ok());
+  (*new_pub)->Flush();
+  EXPECT_TRUE(Eventually([&] {
+    return AtSeq(service, "ov", 0, 2999) && PrefixOf(service, "ov", 0, 50100) == 1 &&
+           PrefixOf(service, "ov", 0, 1100) == 0 && PrefixOf(service, "ov", 0, 1299) == 0;
+  }));
+  EXPECT_EQ(PrefixOf(service, "ov", 0, 1100), 0);  // the old stream's entries are gone
+  EXPECT_EQ(PrefixOf(service, "ov", 0, 50000), 1);
+  EXPECT_EQ(PrefixOf(service, "ov", 0, 52999), 1);
+  auto all = service.Sources();
+  const StreamStatus* st = Stream(all, "ov", 0);
+  ASSERT_NE(st, nullptr);
+  EXPECT_GE(st->source_clears, 1u);
+  EXPECT_GE(st->restarts_seen, 1u);
+  service.Stop();
+  (*new_pub)->Shutdown();
+}
+
 // Frames that are not a batch are counted and skipped; the source keeps going. An XPUB socket
 // tells the test when the daemon's SUB has subscribed, so nothing is sent into the void.
 TEST_F(ServiceTest, MalformedMessagesAreCountedAndTheSourceKept) {

@@ -12,7 +12,10 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -365,6 +368,95 @@ TEST_F(EventsCommandTest, JournalOfMissingDirFails) {
   EXPECT_NE(journal.code, 0);
   EXPECT_NE(journal.err.find("kvo: "), std::string::npos) << journal.err;
   EXPECT_TRUE(journal.out.empty()) << journal.out;
+}
+
+// Issue 10 item 12: a directory as --input published nothing and exited 0.
+TEST_F(EventsCommandTest, InputDirectoryIsAnError) {
+  RunResult publish = RunCommand({KVO_BINARY, "events", "publish", "--kv-events-config",
+                                  Config(false), "--input", dir_.path(), "--linger-ms", "0"});
+  EXPECT_EQ(publish.code, 2) << publish.err;
+  EXPECT_NE(publish.err.find("is a directory"), std::string::npos) << publish.err;
+  EXPECT_TRUE(publish.out.empty()) << publish.out;
+}
+
+// Issue 10 item 12: impossible endpoints are refused, naming the flag and the value.
+TEST_F(EventsCommandTest, TailRefusesImpossibleEndpoints) {
+  RunResult port = RunCommand(
+      {KVO_BINARY, "events", "tail", "--endpoint", "tcp://127.0.0.1:99999", "--timeout-ms", "1"});
+  EXPECT_EQ(port.code, 2) << port.err;
+  EXPECT_NE(port.err.find("--endpoint 'tcp://127.0.0.1:99999'"), std::string::npos) << port.err;
+  RunResult replay = RunCommand({KVO_BINARY, "events", "tail", "--endpoint", Endpoint(),
+                                 "--replay-endpoint", "tcp://h:0", "--timeout-ms", "1"});
+  EXPECT_EQ(replay.code, 2) << replay.err;
+  EXPECT_NE(replay.err.find("--replay-endpoint"), std::string::npos) << replay.err;
+}
+
+// Issue 10 item 13: `kvo events tail` reports the gaps it filled from replay (text and --json).
+TEST_F(EventsCommandTest, TailReportsFilledGaps) {
+  for (bool json : {false, true}) {
+    SCOPED_TRACE(json ? "json" : "text");
+    kvo::testing::TempDir dir;
+    const std::string pub_ep = "ipc://" + dir.path() + "/pub";
+    const std::string replay_ep = "ipc://" + dir.path() + "/replay";
+    zmq::context_t ctx;
+    zmq::socket_t pub(ctx, zmq::socket_type::pub);
+    pub.set(zmq::sockopt::linger, 0);
+    pub.bind(pub_ep);
+    zmq::socket_t router(ctx, zmq::socket_type::router);
+    router.set(zmq::sockopt::linger, 0);
+    router.bind(replay_ep);
+    auto payload = [](uint64_t i) {
+      EventBatch b;
+      b.ts = 1700000000.0 + static_cast<double>(i);
+      b.data_parallel_rank = 0;
+      return EncodeBatch(b);
+    };
+    auto be64 = [](uint64_t v) {
+      std::string s(8, '\0');
+      for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (56 - 8 * i));
+      return s;
+    };
+    auto send = [&](uint64_t seq) {
+      std::string seq_bytes = be64(seq), p = payload(seq);
+      pub.send(zmq::str_buffer("kv"), zmq::send_flags::sndmore);
+      pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
+      pub.send(zmq::buffer(p), zmq::send_flags::none);
+    };
+    std::vector<std::string> argv = {KVO_BINARY, "events",       "tail", "--endpoint",
+                                     pub_ep,     "--topic",      "kv",   "--replay-endpoint",
+                                     replay_ep,  "--timeout-ms", "1500"};
+    if (json) argv.push_back("--json");
+    ChildProcess tail(argv);
+    // Seq 3 until the tail prints it (PUB drops messages before the SUB connects).
+    std::optional<std::string> first;
+    auto guard = SteadyClock::now() + kGuard;
+    while (!first && SteadyClock::now() < guard) {
+      send(3);
+      first = tail.ReadStdoutLine(SteadyClock::now() + std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(first.has_value()) << tail.err();
+    send(6);  // 4 and 5 are missing: the tail asks for a replay
+    zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(20000));
+    ASSERT_TRUE(item.revents & ZMQ_POLLIN) << tail.err();
+    std::vector<zmq::message_t> req;
+    ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(req)));
+    ASSERT_EQ(req.size(), 3u);
+    std::string id = req[0].to_string();
+    for (uint64_t seq = 3; seq <= 7; ++seq) {
+      std::string seq_bytes = seq == 7 ? std::string(8, '\xff') : be64(seq);
+      std::string p = seq == 7 ? std::string() : payload(seq);
+      std::array<zmq::const_buffer, 5> frames = {zmq::buffer(id), zmq::const_buffer(nullptr, 0),
+                                                 zmq::str_buffer("kv"), zmq::buffer(seq_bytes),
+                                                 zmq::buffer(p)};
+      zmq::send_multipart(router, frames);
+    }
+    ASSERT_EQ(tail.Wait(SteadyClock::now() + kGuard), 0) << tail.err();
+    EXPECT_EQ(Lines(tail.out()).size(), 3u) << tail.out();  // 4, 5, 6
+    const std::string want =
+        json ? R"({"notice":"gap_filled","from_seq":4,"to_seq":7)" : "notice gap_filled [4, 7)";
+    EXPECT_NE(tail.err().find(want), std::string::npos) << tail.err();
+  }
 }
 
 }  // namespace
