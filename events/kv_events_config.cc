@@ -127,7 +127,13 @@ Result<std::string> OffsetEndpointPort(std::string_view endpoint, int64_t rank) 
       return Status::InvalidArgument("endpoint '" + std::string(endpoint) + "': port '" +
                                      std::string(port_text) + "' is not a number");
     }
-    return std::string(endpoint.substr(0, colon)) + ":" + std::to_string(port + rank);
+    int64_t offset_port = 0;
+    if (__builtin_add_overflow(port, rank, &offset_port)) {
+      return Status::InvalidArgument("endpoint '" + std::string(endpoint) + "': port " +
+                                     std::string(port_text) + " plus data parallel rank " +
+                                     std::to_string(rank) + " overflows");
+    }
+    return std::string(endpoint.substr(0, colon)) + ":" + std::to_string(offset_port);
   }
   return Status::InvalidArgument("Invalid endpoint: must contain 'inproc' or 'tcp' (endpoint '" +
                                  std::string(endpoint) + "', data parallel rank " +

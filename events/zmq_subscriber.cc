@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <deque>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -173,7 +176,10 @@ class ZmqSubscriber final : public Subscriber {
   }
 
   Status HandleLive(const Frames& frames) {
-    if (frames.size() != 3 || frames[1].size() != 8) {
+    std::vector<std::string_view> views;
+    for (const zmq::message_t& f : frames) views.push_back(f.to_string_view());
+    const std::optional<uint64_t> live_seq = zmq_util::ParseLiveSeq(views);
+    if (!live_seq) {
       {
         MutexLock lock(&mu_);
         ++stats_.malformed_messages;
@@ -185,7 +191,7 @@ class ZmqSubscriber final : public Subscriber {
                                   : std::string()));
       return Status::Ok();
     }
-    uint64_t seq = zmq_util::FromBigEndian(frames[1].to_string_view());
+    const uint64_t seq = *live_seq;
     {
       MutexLock lock(&mu_);
       ++stats_.live_received;
@@ -279,25 +285,22 @@ class ZmqSubscriber final : public Subscriber {
         if (!zmq::recv_multipart(dealer_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
           continue;
         }
-        if (frames.size() < 3 || frames.size() > 4 || frames[0].size() != 0) {
-          MutexLock lock(&mu_);
-          ++stats_.malformed_messages;
-          continue;
-        }
-        bool with_topic = frames.size() == 4;
-        std::string_view topic = with_topic ? frames[1].to_string_view() : std::string_view();
-        std::string_view seq_bytes = frames[with_topic ? 2 : 1].to_string_view();
-        std::string_view payload = frames[with_topic ? 3 : 2].to_string_view();
-        if (seq_bytes == zmq_util::kEndSeq && payload.empty()) {
+        std::vector<std::string_view> views;
+        for (const zmq::message_t& f : frames) views.push_back(f.to_string_view());
+        const zmq_util::ReplayReply reply = zmq_util::ParseReplayReply(views);
+        if (reply.kind == zmq_util::ReplayReply::Kind::kEnd) {
           last_replay_completed_ = true;
           break;
         }
-        if (seq_bytes.size() != 8) {
+        if (reply.kind == zmq_util::ReplayReply::Kind::kMalformed) {
           MutexLock lock(&mu_);
           ++stats_.malformed_messages;
           continue;
         }
-        uint64_t seq = zmq_util::FromBigEndian(seq_bytes);
+        const bool with_topic = reply.with_topic;
+        std::string_view topic = reply.topic;
+        const std::string_view payload = reply.payload;
+        const uint64_t seq = reply.seq;
         if (with_topic && !topic.starts_with(options_.topic)) continue;  // as SUB filtering does
         ++replayed_batches_;
         {

@@ -72,6 +72,17 @@ TEST(KvEventsConfigTest, OffsetsPortsLikeVllm) {
   EXPECT_FALSE(OffsetEndpointPort("tcp://host:port", 1).ok());
 }
 
+// Found by tests/fuzz/kv_events_config_fuzz: a port near INT64_MAX plus a DP rank overflowed
+// (signed overflow, undefined behaviour; UBSan aborted). It is an error naming the endpoint.
+TEST(KvEventsConfigTest, OffsetPortOverflowIsAnError) {
+  auto r = OffsetEndpointPort("tcp://h:9223372036854775807", 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("overflows"), std::string::npos) << r.status().message();
+  EXPECT_EQ(*OffsetEndpointPort("tcp://h:9223372036854775806", 1), "tcp://h:9223372036854775807");
+  EXPECT_FALSE(OffsetEndpointPort("tcp://h:-9223372036854775808", -1).ok());
+}
+
 TEST(KvEventsConfigTest, BindOrConnectRule) {
   EXPECT_TRUE(ShouldBind("tcp://*:5557"));
   EXPECT_TRUE(ShouldBind("tcp://[::]:5557"));
