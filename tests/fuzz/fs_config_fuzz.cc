@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -22,9 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/fuzz/fuzz_check.h"
 #include "transfer/fs_inspect.h"
 #include "transfer/fs_namespace.h"
-#include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
@@ -83,17 +84,27 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   if (size == 0) return 0;
   const unsigned char mode = data[0];
   std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
 
   if (mode % 2 == 0) {
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    // The reference digest dump()s recursively: keep this side to shallow documents (a deep one
+    // gets a wrong name, and InspectFsRoot must still not crash on it).
+    size_t depth = 0;
+    size_t max_depth = 0;
+    for (char c : in) {
+      if (c == '[' || c == '{') max_depth = std::max(max_depth, ++depth);
+      if ((c == ']' || c == '}') && depth > 0) --depth;
+    }
+    nlohmann::json j = max_depth > 1000 ? nlohmann::json(nlohmann::json::value_t::discarded)
+                                        : nlohmann::json::parse(in, nullptr, false);
     const bool object = !j.is_discarded() && j.is_object();
     const std::string ns =
         "model_" + (object ? Digest12(j.dump(-1, ' ', /*ensure_ascii=*/true)) : "000000000000");
     kvo::FsRootReport report = Inspect(ns, in);
-    FUZZ_CHECK(report.namespaces[0].digest_matches == object,
+    FUZZ_CHECK(report.namespaces[0].digest_matches == object || max_depth > 1000,
                "digest_matches %d for a config that is%s an object",
                report.namespaces[0].digest_matches, object ? "" : " not");
     return 0;

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "transfer/fs_namespace.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "transfer/fs_namespace.h"
 
 namespace {
 
@@ -75,6 +75,7 @@ void CheckKey(const kvo::FsBlockKey& key, uint32_t rank) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   CheckName(input);
   // Group and rank from the input's last bytes: any u32.

@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "transfer/fs_file.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "transfer/fs_file.h"
 
 namespace fsi = kvo::fs_internal;
 
@@ -54,6 +54,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   if (size == 0 || size > (1 << 16)) return 0;
   std::string_view in(reinterpret_cast<const char*>(data), size);
   const unsigned char mode = static_cast<unsigned char>(in[0]);
@@ -80,9 +81,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     record = truth;
   }
   // The independent verdict.
-  const bool valid = record.size() == 24 && record.compare(0, 8, std::string("kvo1\0\0\0\0", 8)) == 0;
-  const bool matches = valid && Get64(record.data() + 8) == body.size() &&
-                       Get64(record.data() + 16) == sum;
+  const bool valid =
+      record.size() == 24 && record.compare(0, 8, std::string("kvo1\0\0\0\0", 8)) == 0;
+  const bool matches =
+      valid && Get64(record.data() + 8) == body.size() && Get64(record.data() + 16) == sum;
 
   const std::string dir_path = g_root + "/d";
   std::error_code ec;

@@ -16,8 +16,8 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "indexer/http_api.h"
 #include "indexer/indexer.h"
@@ -90,8 +90,8 @@ void CheckRoundTrip(std::string_view body) {
   FUZZ_CHECK(again->token_ids == q->token_ids && again->block_hashes == q->block_hashes &&
                  again->block_size == q->block_size && again->lora_name == q->lora_name &&
                  again->weights == q->weights && again->sources == q->sources,
-             "request round trip changed the query\n%s\n%s",
-             kvo_fuzz::Preview(body, 2000).c_str(), kvo_fuzz::Preview(again_text, 2000).c_str());
+             "request round trip changed the query\n%s\n%s", kvo_fuzz::Preview(body, 2000).c_str(),
+             kvo_fuzz::Preview(again_text, 2000).c_str());
 }
 
 }  // namespace
@@ -109,6 +109,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   if (size == 0) return 0;
   const bool explain = data[0] & 1;
   std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);

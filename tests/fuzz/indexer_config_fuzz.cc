@@ -18,6 +18,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   kvo::Result<kvo::IndexerConfig> c = kvo::ParseIndexerConfig(input, "indexer.json");
   if (!c.ok()) {
@@ -40,8 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(static_cast<int64_t>(streams->size()) == s.dp_ranks, "%zu streams for %lld ranks",
                streams->size(), static_cast<long long>(s.dp_ranks));
     for (const kvo::SourceStream& st : *streams) {
-      FUZZ_CHECK(endpoints.insert(st.endpoint).second, "endpoint '%s' twice",
-                 st.endpoint.c_str());
+      FUZZ_CHECK(endpoints.insert(st.endpoint).second, "endpoint '%s' twice", st.endpoint.c_str());
     }
   }
   return 0;

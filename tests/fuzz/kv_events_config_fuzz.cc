@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "events/journal.h"
 #include "events/kv_events_config.h"
@@ -62,6 +62,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   kvo::Result<kvo::KvEventsConfig> c = kvo::ParseKvEventsConfig(input);
   if (!c.ok()) {
@@ -70,8 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK_MESSAGE(c.status().message());
     return 0;
   }
-  FUZZ_CHECK(c->publisher == "null" || c->publisher == "zmq", "publisher %s",
-             c->publisher.c_str());
+  FUZZ_CHECK(c->publisher == "null" || c->publisher == "zmq", "publisher %s", c->publisher.c_str());
   FUZZ_CHECK(c->encoding == "map" || c->encoding == "array", "encoding %s", c->encoding.c_str());
   FUZZ_CHECK(kvo::ParseFsyncPolicy(c->journal_fsync).ok(), "journal_fsync %s",
              c->journal_fsync.c_str());

@@ -48,6 +48,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   kvo::Result<kvo::OffloadConfig> c = kvo::ParseOffloadConfig(input);
   kvo::KvGeometry g16;  // 16-token blocks and hashes, one worker
@@ -79,8 +80,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(known_policy, "eviction_policy '%s'", c->eviction_policy.c_str());
   for (const kvo::SecondaryTierConfig& t : c->secondary_tiers) {
-    FUZZ_CHECK(t.type == "fs" && !t.fs.root_dir.empty(), "tier type '%s' root '%s'",
-               t.type.c_str(), t.fs.root_dir.c_str());
+    FUZZ_CHECK(t.type == "fs" && !t.fs.root_dir.empty(), "tier type '%s' root '%s'", t.type.c_str(),
+               t.fs.root_dir.c_str());
   }
   for (const kvo::KvGeometry* g : {&g16, &g64, &mla}) {
     kvo::Result<kvo::OffloadConfig> with = kvo::ParseOffloadConfig(input, *g);
@@ -89,7 +90,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(c->block_size.has_value(), "refused with a geometry without a block_size: %s",
                  with.status().ToString().c_str());
     }
-    for (uint64_t page : {uint64_t{4096}, uint64_t{1}, uint64_t{65536}}) CheckGeometry(*c, *g, page);
+    for (uint64_t page : {uint64_t{4096}, uint64_t{1}, uint64_t{65536}})
+      CheckGeometry(*c, *g, page);
   }
   return 0;
 }

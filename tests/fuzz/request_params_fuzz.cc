@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "manager/request_params.h"
 #include "tests/fuzz/fuzz_check.h"
@@ -21,6 +21,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   nlohmann::json params = nlohmann::json::parse(input, nullptr, /*allow_exceptions=*/false);
   if (params.is_discarded()) return 0;

@@ -11,6 +11,7 @@
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   kvo::Result<kvo::HttpAddress> address = kvo::ParseHttpAddress(input);
   if (address.ok()) {
@@ -33,7 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvo::Result<std::vector<kvo::SourceStream>> streams = kvo::ExpandStreams(*s);
   FUZZ_CHECK(streams.ok(), "%s", streams.status().ToString().c_str());
   FUZZ_CHECK(static_cast<int64_t>(streams->size()) == s->dp_ranks, "streams");
-  if (s->hash) FUZZ_CHECK(s->hash->block_size > 0, "block_size %lld",
-                          static_cast<long long>(s->hash->block_size));
+  if (s->hash)
+    FUZZ_CHECK(s->hash->block_size > 0, "block_size %lld",
+               static_cast<long long>(s->hash->block_size));
   return 0;
 }
