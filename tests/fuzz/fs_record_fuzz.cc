@@ -6,7 +6,8 @@
 // path). Checks: DecodeRecord accepts exactly the documented layout and EncodeRecord gives the
 // same bytes back; both readers agree with an independent check of the record (no record: ok
 // unverified, or corrupt when required; valid and matching: ok verified; anything else:
-// corrupt); a corrupt file is removed when asked; WriteFileAtomic's own output reads back verified.
+// corrupt); a corrupt file is removed when asked; WriteFileAtomic's own output reads back verified
+// (mode bits 0x18 set).
 #include <stdlib.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -133,7 +134,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  // The writer's own output reads back verified.
+  // The writer's own output reads back verified (for a quarter of the inputs: it syncs).
+  if ((mode & 0x18) != 0x18) return 0;
   std::filesystem::remove_all(dir_path, ec);
   std::filesystem::create_directories(dir_path);
   auto dir2 = fsi::OpenRootDir(dir_path);
