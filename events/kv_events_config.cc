@@ -186,10 +186,10 @@ Result<std::string> OffsetEndpointPort(std::string_view endpoint, int64_t rank) 
     int64_t port = 0;
     auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
     if (ec != std::errc() || ptr != port_text.data() + port_text.size()) {
-      return Status::InvalidArgument("endpoint '" + std::string(endpoint) + "': port '" +
+      return Status::InvalidArgument("endpoint '" + ShowBounded(endpoint) + "': port '" +
                                      std::string(port_text) + "' is not a number");
     }
-    if (port < 0 || port > 65535 - rank) {
+    if (rank < 0 || rank > 65535 || port < 0 || port > 65535 - rank) {
       return Status::InvalidArgument("endpoint '" + ShowBounded(endpoint) + "': port " +
                                      std::to_string(port) + " + data parallel rank " +
                                      std::to_string(rank) + " exceeds 65535");

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -35,6 +38,13 @@ const char* NoticeKindName(NoticeKind kind) {
 namespace {
 
 using Frames = std::vector<zmq::message_t>;
+
+std::vector<std::string_view> Views(const Frames& frames) {
+  std::vector<std::string_view> views;
+  views.reserve(frames.size());
+  for (const zmq::message_t& f : frames) views.push_back(f.to_string_view());
+  return views;
+}
 
 constexpr uint64_t kMaxSeq = ~uint64_t{0};  // the end marker's value: never a batch's seq
 // Frames of one reply that do not advance it (malformed, duplicates) before it is abandoned.
@@ -271,14 +281,15 @@ class ZmqSubscriber final : public Subscriber {
   // One live message. `after_replay`: it waited for a gap replay that has ended; what that
   // replay did not supply is lost (no second replay for it).
   Status HandleLive(Frames frames, bool after_replay, bool after_silence = false) {
-    if (frames.size() != 3 || frames[1].size() != 8) {
+    const std::optional<uint64_t> live_seq = zmq_util::ParseLiveSeq(Views(frames));
+    if (!live_seq) {
       Malformed("live message with " + std::to_string(frames.size()) + " frames" +
                 (frames.size() >= 2
                      ? ", seq frame of " + std::to_string(frames[1].size()) + " bytes"
                      : std::string()));
       return Status::Ok();
     }
-    uint64_t seq = zmq_util::FromBigEndian(frames[1].to_string_view());
+    const uint64_t seq = *live_seq;
     if (!after_replay) {
       MutexLock lock(&mu_);
       ++stats_.live_received;
@@ -432,24 +443,19 @@ class ZmqSubscriber final : public Subscriber {
   }
 
   Status HandleReplayFrames(const Frames& frames) {
-    if (frames.size() < 3 || frames.size() > 4 || frames[0].size() != 0) {
-      MutexLock lock(&mu_);
-      ++stats_.malformed_messages;
-      return IdleFrame();
-    }
-    bool with_topic = frames.size() == 4;
-    std::string_view topic = with_topic ? frames[1].to_string_view() : std::string_view();
-    std::string_view seq_bytes = frames[with_topic ? 2 : 1].to_string_view();
-    std::string_view payload = frames[with_topic ? 3 : 2].to_string_view();
-    if (seq_bytes == zmq_util::kEndSeq && payload.empty()) return FinishReplay();
-    if (seq_bytes.size() != 8 || seq_bytes == zmq_util::kEndSeq) {
+    const zmq_util::ReplayReply reply = zmq_util::ParseReplayReply(Views(frames));
+    if (reply.kind == zmq_util::ReplayReply::Kind::kEnd) return FinishReplay();
+    if (reply.kind == zmq_util::ReplayReply::Kind::kMalformed) {
       {
         MutexLock lock(&mu_);
         ++stats_.malformed_messages;
       }
       return IdleFrame();
     }
-    uint64_t seq = zmq_util::FromBigEndian(seq_bytes);
+    const bool with_topic = reply.with_topic;
+    std::string_view topic = reply.topic;
+    const std::string_view payload = reply.payload;
+    const uint64_t seq = reply.seq;
     if (with_topic && !topic.starts_with(options_.topic)) return IdleFrame();  // as SUB does
     const bool first = replay_->batches == 0;
     ++replay_->batches;

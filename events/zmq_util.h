@@ -4,8 +4,10 @@
 #include <zmq.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -53,6 +55,46 @@ inline uint64_t PayloadDigest(std::string_view b) {
 
 // vLLM's replay end marker: (-1).to_bytes(8, "big", signed=True).
 inline constexpr std::string_view kEndSeq{"\xff\xff\xff\xff\xff\xff\xff\xff", 8};
+
+// One reply message of a replay ROUTER, as the subscriber's DEALER receives it: an empty delimiter
+// frame, then [seq, payload] (vLLM <= 0.25) or [topic, seq, payload]. Pure, so that it is fuzzed
+// (tests/fuzz/replay_frames_fuzz.cc).
+struct ReplayReply {
+  enum class Kind : uint8_t {
+    kMalformed,  // wrong frame count, non-empty delimiter, or a seq frame that is not 8 bytes
+    kEnd,        // vLLM's end marker (seq -1, empty payload): the reply is complete
+    kBatch,      // one batch: seq, topic (when with_topic), payload (not decoded here)
+  };
+  Kind kind = Kind::kMalformed;
+  bool with_topic = false;
+  std::string_view topic;  // empty without a topic frame
+  uint64_t seq = 0;
+  std::string_view payload;
+};
+// The views point into `frames`.
+inline ReplayReply ParseReplayReply(const std::vector<std::string_view>& frames) {
+  ReplayReply r;
+  if (frames.size() < 3 || frames.size() > 4 || !frames[0].empty()) return r;
+  r.with_topic = frames.size() == 4;
+  if (r.with_topic) r.topic = frames[1];
+  std::string_view seq_bytes = frames[r.with_topic ? 2 : 1];
+  r.payload = frames[r.with_topic ? 3 : 2];
+  if (seq_bytes == kEndSeq && r.payload.empty()) {
+    r.kind = ReplayReply::Kind::kEnd;
+    return r;
+  }
+  // The end marker's seq with a payload is no batch (2^64-1 is never a real sequence number).
+  if (seq_bytes.size() != 8 || seq_bytes == kEndSeq) return r;
+  r.seq = FromBigEndian(seq_bytes);
+  r.kind = ReplayReply::Kind::kBatch;
+  return r;
+}
+
+// A live PUB message: [topic, seq (8 bytes big-endian), payload]. nullopt when malformed.
+inline std::optional<uint64_t> ParseLiveSeq(const std::vector<std::string_view>& frames) {
+  if (frames.size() != 3 || frames[1].size() != 8) return std::nullopt;
+  return FromBigEndian(frames[1]);
+}
 
 inline Status ZmqError(std::string_view what, const zmq::error_t& e) {
   return Status::IOError(std::string(what) + ": " + e.what());

@@ -21,6 +21,13 @@ std::string Show(const json& v) {
   return s;
 }
 
+// Text from the request (a key, a name, a parser's message quoting the input) cut for an error
+// message: DESIGN.md §6, messages never echo unbounded input.
+std::string Clip(std::string_view s, size_t n = 64) {
+  if (s.size() <= n) return std::string(s);
+  return std::string(s.substr(0, n - 3)) + "...";
+}
+
 const char* TypeName(const json& v) {
   if (v.is_boolean()) return "a boolean";
   if (v.is_number_float()) return "a float";
@@ -91,7 +98,7 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
   try {
     doc = json::parse(body);
   } catch (const json::exception& e) {
-    return Bad(std::string("invalid JSON: ") + e.what());
+    return Bad("invalid JSON: " + Clip(e.what(), 256));
   }
   if (!doc.is_object())
     return Bad(std::string("the body must be a JSON object, got ") + TypeName(doc));
@@ -131,7 +138,8 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
           if (medium.empty()) return Bad("'weights' has an empty medium name");
           if (!w.is_number() || w.is_boolean() || !std::isfinite(w.get<double>()) ||
               w.get<double>() < 0) {
-            return Bad("'weights." + medium + "' must be a finite number >= 0, got " + Show(w));
+            return Bad("'weights." + Clip(medium) + "' must be a finite number >= 0, got " +
+                       Show(w));
           }
           q.weights[medium] = w.get<double>();
         }
@@ -146,18 +154,18 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
           }
           std::string name = v[i].get<std::string>();
           if (!known_sources.contains(name)) {
-            return Bad("unknown source '" + name + "' in 'sources' (see GET /v1/sources)");
+            return Bad("unknown source '" + Clip(name) + "' in 'sources' (see GET /v1/sources)");
           }
           q.sources.push_back(std::move(name));
         }
       } else {
-        return Bad("unknown key '" + key +
+        return Bad("unknown key '" + Clip(key) +
                    "' (expected token_ids or block_hashes, block_size, lora_name, weights, "
                    "sources)");
       }
     }
   } catch (const json::exception& e) {
-    return Bad(std::string("bad request: ") + e.what());
+    return Bad("bad request: " + Clip(e.what(), 256));
   }
   if (has_tokens == has_hashes) {
     return Bad(has_tokens ? "give either 'token_ids' or 'block_hashes', not both"
@@ -254,7 +262,7 @@ Result<ScoreResult> ParseScoreResponse(std::string_view body) {
     }
     return r;
   } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("score response: ") + e.what());
+    return Status::InvalidArgument("score response: " + Clip(e.what(), 256));
   }
 }
 

@@ -44,15 +44,27 @@ bool IsLowerHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'
 
 // nlohmann's object is a std::map, so keys come out sorted (byte order, as Python's sort_keys for
 // ASCII keys); ensure_ascii matches Python's default escaping.
-Result<std::string> FsFieldsCompactJson(const FsRunFields& fields) {
+namespace {
+
+// A field that is not UTF-8 (a model path of raw bytes, say) has no JSON form: InvalidArgument
+// rather than nlohmann's exception.
+Result<std::string> DumpFields(const FsRunFields& fields, int indent) {
   KVO_ASSIGN_OR_RETURN(nlohmann::json j, FieldsJson(fields));
-  return j.dump(-1, ' ', /*ensure_ascii=*/true);
+  try {
+    return j.dump(indent, ' ', /*ensure_ascii=*/true);
+  } catch (const nlohmann::json::type_error& e) {
+    return Status::InvalidArgument(std::string("fs tier: run fields are not valid UTF-8 (") +
+                                   e.what() + ")");
+  }
 }
 
-Result<std::string> FsFieldsConfigJson(const FsRunFields& fields) {
-  KVO_ASSIGN_OR_RETURN(nlohmann::json j, FieldsJson(fields));
-  return j.dump(2, ' ', /*ensure_ascii=*/true);
+}  // namespace
+
+Result<std::string> FsFieldsCompactJson(const FsRunFields& fields) {
+  return DumpFields(fields, -1);
 }
+
+Result<std::string> FsFieldsConfigJson(const FsRunFields& fields) { return DumpFields(fields, 2); }
 
 Result<std::string> FsNamespaceDigest(const FsRunFields& fields) {
   KVO_ASSIGN_OR_RETURN(std::string compact, FsFieldsCompactJson(fields));
@@ -123,7 +135,8 @@ std::string FsBlockRelativePath(std::string_view ns_name, uint32_t rank, const F
 
 namespace {
 std::optional<uint32_t> ParseDecimal(std::string_view s) {
-  if (s.empty() || s.size() > 9) return std::nullopt;
+  // Up to 10 digits: every u32 (ranks and groups are u32); from_chars refuses what overflows.
+  if (s.empty() || s.size() > 10) return std::nullopt;
   if (s.size() > 1 && s[0] == '0') return std::nullopt;  // canonical form only
   uint32_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);

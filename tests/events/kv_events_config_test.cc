@@ -1,6 +1,7 @@
 #include "events/kv_events_config.h"
 
 #include <gtest/gtest.h>
+#include <limits>
 
 #include "events/zmq_publisher.h"
 
@@ -93,6 +94,19 @@ TEST(KvEventsConfigTest, RejectsImpossibleEndpointsNamingThem) {
   ASSERT_FALSE(nul.ok());
   EXPECT_NE(nul.message().find("--endpoint"), std::string::npos);
   EXPECT_FALSE(OffsetEndpointPort("tcp://*:65535", 1).ok());
+}
+
+// Found by tests/fuzz/kv_events_config_fuzz: a port near INT64_MAX plus a DP rank overflowed
+// (signed overflow, undefined behaviour; UBSan aborted). It is an error naming the endpoint.
+TEST(KvEventsConfigTest, OffsetPortOverflowIsAnError) {
+  auto r = OffsetEndpointPort("tcp://h:9223372036854775807", 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("exceeds 65535"), std::string::npos) << r.status().message();
+  EXPECT_FALSE(OffsetEndpointPort("tcp://h:65535", std::numeric_limits<int64_t>::min()).ok());
+  EXPECT_FALSE(OffsetEndpointPort("tcp://h:1", std::numeric_limits<int64_t>::max()).ok());
+  EXPECT_EQ(*OffsetEndpointPort("tcp://h:65534", 1), "tcp://h:65535");
+  EXPECT_FALSE(OffsetEndpointPort("tcp://h:-9223372036854775808", -1).ok());
 }
 
 TEST(KvEventsConfigTest, BindOrConnectRule) {

@@ -14,3 +14,51 @@
       std::abort();                                                                 \
     }                                                                               \
   } while (0)
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace kvo_fuzz {
+
+// DESIGN.md §6: error messages never echo unbounded input. Whatever the input, a message a parser
+// returns (or logs as a warning) stays under this many bytes.
+inline constexpr size_t kMaxMessageBytes = 1024;
+
+// The size of the input being run; targets set it first thing.
+inline size_t g_input_bytes = 0;
+
+// KNOWN (issue 10 item 1, being fixed on another branch): the JSON parsers still put whole JSON
+// values into their messages (dump()), so a message grows with the input. Targets built with
+// KVO_FUZZ_MESSAGES_ECHO_INPUT (tests/fuzz/CMakeLists.txt) check a looser bound until that fix
+// lands: no more than 8 bytes per input byte beyond the 1 KiB (an amplification is still a bug).
+// tests/fuzz/regressions/ holds inputs that fail the strict bound. Remove the definition with the
+// fix.
+inline size_t MessageLimit() {
+#ifdef KVO_FUZZ_MESSAGES_ECHO_INPUT
+  return kMaxMessageBytes + 8 * g_input_bytes;
+#else
+  return kMaxMessageBytes;
+#endif
+}
+
+// The first bytes of `s`, printable, for check messages.
+inline std::string Preview(std::string_view s, size_t n = 200) {
+  std::string out;
+  for (unsigned char c : s.substr(0, n)) {
+    out += (c >= 0x20 && c < 0x7f) ? static_cast<char>(c) : '.';
+  }
+  if (s.size() > n) out += "...";
+  return out;
+}
+
+}  // namespace kvo_fuzz
+
+// A parser's error or warning message: not empty, bounded.
+#define FUZZ_CHECK_MESSAGE(msg)                                                           \
+  do {                                                                                    \
+    const std::string& fuzz_msg_ = (msg);                                                 \
+    FUZZ_CHECK(!fuzz_msg_.empty(), "an error without a message");                         \
+    FUZZ_CHECK(fuzz_msg_.size() < kvo_fuzz::MessageLimit(), "a message of %zu bytes: %s", \
+               fuzz_msg_.size(), kvo_fuzz::Preview(fuzz_msg_).c_str());                   \
+  } while (0)

@@ -1,40 +1,90 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (the `fuzz` CMake preset: clang, ASan + UBSan) and runs each one for
 # SECONDS with its seed corpus; fails on the first crash, leak, sanitizer report or check failure.
-#   tests/fuzz/run_fuzzers.sh 20          # CI
+#   tests/fuzz/run_fuzzers.sh 10          # CI (16 targets x 10 s)
 #   tests/fuzz/run_fuzzers.sh 600 journal_reader_fuzz
+#   tests/fuzz/run_fuzzers.sh --regressions [TARGET...]
 # New inputs found go to build/fuzz/corpus/<target>/ (never into the source tree); a crashing input
 # is written to build/fuzz/artifacts/<target>/.
+#
+# --regressions runs each target once over the inputs in tests/fuzz/regressions/<seed dir>/:
+# minimized inputs of crashes found by fuzzing whose fix is not in yet (see the README there).
 set -euo pipefail
 
-if [[ $# -lt 1 || ! "$1" =~ ^[0-9]+$ ]]; then
-  echo "usage: $0 SECONDS [TARGET...]" >&2
+usage() {
+  echo "usage: $0 SECONDS [TARGET...] | $0 --regressions [TARGET...]" >&2
   exit 2
+}
+[[ $# -ge 1 ]] || usage
+mode=fuzz
+if [[ "$1" == "--regressions" ]]; then
+  mode=regressions
+elif [[ ! "$1" =~ ^[0-9]+$ ]]; then
+  usage
 fi
 seconds=$1
 shift
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 
+# Target -> directory name under tests/fuzz/corpus/ (seeds) and tests/fuzz/regressions/.
+declare -A seeds=(
+  [journal_reader_fuzz]=journal
+  [batch_decoder_fuzz]=batch
+  [kv_events_config_fuzz]=kv_events_config
+  [kv_transfer_config_fuzz]=kv_transfer_config
+  [request_params_fuzz]=request_params
+  [indexer_config_fuzz]=indexer_config
+  [source_flag_fuzz]=source_flag
+  [http_api_fuzz]=http_api
+  [event_json_fuzz]=event_json
+  [trace_reader_fuzz]=trace_reader
+  [manager_ops_fuzz]=manager_ops
+  [replay_frames_fuzz]=replay_frames
+  [fs_names_fuzz]=fs_names
+  [fs_config_fuzz]=fs_config
+  [fs_record_fuzz]=fs_record
+)
+# The largest input libFuzzer may build, per target (default 65536).
+declare -A max_len=()
+
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(journal_reader_fuzz batch_decoder_fuzz)
+  targets=(journal_reader_fuzz batch_decoder_fuzz kv_events_config_fuzz kv_transfer_config_fuzz
+           request_params_fuzz indexer_config_fuzz source_flag_fuzz http_api_fuzz event_json_fuzz
+           trace_reader_fuzz manager_ops_fuzz replay_frames_fuzz fs_names_fuzz fs_config_fuzz
+           fs_record_fuzz)
 fi
+for t in "${targets[@]}"; do
+  [[ -n "${seeds[$t]:-}" ]] || { echo "unknown fuzz target '$t'" >&2; exit 2; }
+done
 
 cmake --preset fuzz
 cmake --build --preset fuzz --target "${targets[@]}"
 
-declare -A seeds=([journal_reader_fuzz]=journal [batch_decoder_fuzz]=batch)
 status=0
 for t in "${targets[@]}"; do
   bin=build/fuzz/tests/fuzz/$t
+  if [[ $mode == regressions ]]; then
+    dir=tests/fuzz/regressions/${seeds[$t]}
+    [[ -d $dir ]] || continue
+    mapfile -t inputs < <(find "$dir" -type f ! -name '*.md' | sort)
+    [[ ${#inputs[@]} -gt 0 ]] || continue
+    echo "== $t: ${#inputs[@]} regression inputs from $dir"
+    if ! "$bin" -rss_limit_mb=2048 "${inputs[@]}"; then
+      echo "== $t FAILED on a regression input" >&2
+      status=1
+    fi
+    continue
+  fi
   work=build/fuzz/corpus/$t
   artifacts=build/fuzz/artifacts/$t
   mkdir -p "$work" "$artifacts"
-  seed_dir=tests/fuzz/corpus/${seeds[$t]:-$t}
-  echo "== $t: ${seconds}s, seeds from $seed_dir"
+  seed_dir=tests/fuzz/corpus/${seeds[$t]}
+  len=${max_len[$t]:-65536}
+  echo "== $t: ${seconds}s, max_len $len, seeds from $seed_dir"
   # The first corpus directory receives new inputs; the seed directory is only read.
-  if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+  if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$len" \
       -print_final_stats=1 -artifact_prefix="$artifacts/" "$work" "$seed_dir"; then
     echo "== $t FAILED; reproduce with: $bin $artifacts/<crash file>" >&2
     status=1

@@ -83,6 +83,27 @@ TEST(HttpApiTest, RejectsBadRequestsNamingTheProblem) {
   }
 }
 
+// Found by tests/fuzz/http_api_fuzz: an unknown key, medium or source name, or a long token in
+// invalid JSON, was echoed whole into the 400 body (DESIGN.md §6: never echo unbounded input).
+TEST(HttpApiTest, ErrorMessagesDoNotEchoLongInput) {
+  const std::set<std::string, std::less<>> sources = {"a"};
+  const std::string big(5000, 'x');
+  for (const std::string& body : {
+           R"({"token_ids":[1],")" + big + R"(":1})",
+           R"({"token_ids":[1],"weights":{")" + big + R"(":-1}})",
+           R"({"token_ids":[1],"sources":[")" + big + R"("]})",
+           R"({"token_ids":[1)" + std::string(5000, '1') + "x]}",
+           R"({"token_ids":")" + big,
+       }) {
+    auto r = ParseScoreRequest(body, ScoreRequestLimits{}, sources);
+    ASSERT_FALSE(r.ok());
+    EXPECT_LT(r.status().message().size(), 1024u) << r.status().message().substr(0, 200);
+  }
+  auto response = ParseScoreResponse(R"({"block_size":")" + big);
+  ASSERT_FALSE(response.ok());
+  EXPECT_LT(response.status().message().size(), 1024u);
+}
+
 TEST(HttpApiTest, EnforcesTheTokenLimit) {
   std::string body = R"({"token_ids": [)";
   for (int i = 0; i < 11; ++i) body += (i ? "," : "") + std::to_string(i);

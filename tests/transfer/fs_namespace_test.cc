@@ -109,4 +109,36 @@ TEST(FsNamespaceTest, ParsesNamesStrictly) {
 }
 
 }  // namespace
+// Found by tests/fuzz/fs_names_fuzz: a rank or group of 10 digits (>= 10^9, still a u32) made a
+// path the scan could not parse back, so such blocks were invisible to scans and recovery.
+TEST(FsNamespaceTest, EveryU32RankAndGroupParsesBack) {
+  std::string ns;
+  EXPECT_EQ(ParseRankDirName("m_0123456789ab_r4294967295", &ns), 4294967295u);
+  EXPECT_EQ(ns, "m_0123456789ab");
+  EXPECT_EQ(ParseRankDirName("m_r1000000000", nullptr), 1000000000u);
+  EXPECT_FALSE(ParseRankDirName("m_r4294967296", nullptr));  // beyond u32
+  EXPECT_FALSE(ParseRankDirName("m_r10000000000", nullptr));
+  std::string two;
+  EXPECT_EQ(ParseDir2Name("ab_g4294967295", &two), 4294967295u);
+  auto key = MakeFsBlockKey("abcdef0123", 4000000000u);
+  ASSERT_TRUE(key.ok());
+  EXPECT_EQ(ParseDir2Name(FsBlockDir2(*key), nullptr), 4000000000u);
+}
+
+// Found by tests/fuzz/fs_config_fuzz: a run field that is not UTF-8 (here a layer name) made
+// nlohmann's dump() throw out of FsNamespaceName / FsFieldsConfigJson (std::terminate).
+TEST(FsNamespaceTest, NonUtf8FieldsAreAnErrorNotAnException) {
+  FsRunFields f;
+  f.model_name = "meta-llama/Llama-3-8B";
+  f.kv_cache_groups.push_back({16, {"layer.\xff\xee"}});
+  auto name = FsNamespaceName(f);
+  ASSERT_FALSE(name.ok());
+  EXPECT_EQ(name.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(name.status().message().find("UTF-8"), std::string::npos) << name.status().message();
+  EXPECT_FALSE(FsFieldsConfigJson(f).ok());
+  f.kv_cache_groups.clear();
+  f.model_name = "model\xc3";  // a truncated sequence
+  EXPECT_FALSE(FsFieldsCompactJson(f).ok());
+}
+
 }  // namespace kvo

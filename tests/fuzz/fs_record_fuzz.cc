@@ -1,0 +1,155 @@
+// libFuzzer target: the file tier's integrity record (transfer/fs_file.h: "kvo1" | u32 flags 0 |
+// u64 length | u64 XXH3-64, little-endian), from the bytes and from disk. Input: [mode][record
+// bytes][body]; mode picks the record's length (0..31 bytes, or none) and whether it starts as
+// the body's true record (then XORed with the fuzz bytes). The block and its sidecar are written
+// to a temp directory and read back through VerifyFile and ReadFileVerified (the tier's read
+// path). Checks: DecodeRecord accepts exactly the documented layout and EncodeRecord gives the
+// same bytes back; both readers agree with an independent check of the record (no record: ok
+// unverified, or corrupt when required; valid and matching: ok verified; anything else:
+// corrupt); a corrupt file is removed when asked; WriteFileAtomic's own output reads back verified
+// (mode bits 0x18 set).
+#include <stdlib.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tests/fuzz/fuzz_check.h"
+#include "transfer/fs_file.h"
+
+namespace fsi = kvo::fs_internal;
+
+namespace {
+
+std::string g_root;
+
+uint64_t Get64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+void WriteRaw(const std::string& path, std::string_view bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  char tmpl[] = "/tmp/kvo-fsrecord-fuzz-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) std::abort();
+  g_root = tmpl;
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(g_root, ec);
+  });
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvo_fuzz::g_input_bytes = size;
+  if (size == 0 || size > (1 << 16)) return 0;
+  std::string_view in(reinterpret_cast<const char*>(data), size);
+  const unsigned char mode = static_cast<unsigned char>(in[0]);
+  in.remove_prefix(1);
+
+  // The record parser alone, on the whole input.
+  if (std::optional<fsi::IntegrityRecord> r = fsi::DecodeRecord(in)) {
+    FUZZ_CHECK(in.size() == fsi::kRecordBytes && in.substr(0, 4) == "kvo1" &&
+                   in.substr(4, 4) == std::string_view("\0\0\0\0", 4),
+               "DecodeRecord accepted %zu bytes", in.size());
+    FUZZ_CHECK(r->length == Get64(in.data() + 8) && r->xxh3 == Get64(in.data() + 16), "fields");
+    FUZZ_CHECK(fsi::EncodeRecord(*r) == in, "EncodeRecord(DecodeRecord(x)) != x");
+  }
+
+  const bool has_record = (mode & 0x40) == 0;
+  const size_t record_len = (mode & 0x20) ? fsi::kRecordBytes : (mode & 0x1f);
+  if (in.size() < record_len) return 0;
+  std::string record(in.substr(0, has_record ? record_len : 0));
+  std::string_view body = in.substr(has_record ? record_len : 0);
+  const uint64_t sum = XXH3_64bits(body.data(), body.size());
+  if (has_record && (mode & 0x80)) {  // start from the true record: near-valid
+    std::string truth = fsi::EncodeRecord({body.size(), sum});
+    for (size_t i = 0; i < record.size() && i < truth.size(); ++i) truth[i] ^= record[i];
+    record = truth;
+  }
+  // The independent verdict.
+  const bool valid =
+      record.size() == 24 && record.compare(0, 8, std::string("kvo1\0\0\0\0", 8)) == 0;
+  const bool matches =
+      valid && Get64(record.data() + 8) == body.size() && Get64(record.data() + 16) == sum;
+
+  const std::string dir_path = g_root + "/d";
+  std::error_code ec;
+  std::filesystem::remove_all(dir_path, ec);
+  std::filesystem::create_directories(dir_path);
+  auto dir = fsi::OpenRootDir(dir_path);
+  FUZZ_CHECK(dir.ok(), "%s", dir.status().ToString().c_str());
+  const std::string name = "0123456789abcdef.bin";
+  auto place = [&] {
+    WriteRaw(dir_path + "/" + name, body);
+    if (has_record) WriteRaw(dir_path + "/" + name + fsi::kSidecarSuffix, record);
+  };
+
+  place();
+  auto v = fsi::VerifyFile(*dir, name, fsi::ChecksumStore::kSidecar, false);
+  FUZZ_CHECK(v.ok(), "%s", v.status().ToString().c_str());
+  if (!has_record) {
+    FUZZ_CHECK(v->outcome == fsi::ReadOutcome::kOk && !v->verified, "no record: %s",
+               v->detail.c_str());
+  } else if (matches) {
+    FUZZ_CHECK(v->outcome == fsi::ReadOutcome::kOk && v->verified, "a matching record refused: %s",
+               v->detail.c_str());
+  } else {
+    FUZZ_CHECK(v->outcome == fsi::ReadOutcome::kCorrupt, "a bad record accepted");
+    FUZZ_CHECK_MESSAGE(v->detail);
+  }
+
+  for (bool require : {false, true}) {
+    place();
+    std::vector<char> buf(body.size() + 1);
+    fsi::ReadOptions opts;
+    opts.checksum = fsi::ChecksumStore::kSidecar;
+    opts.require_checksum = require;
+    opts.remove_corrupt = true;
+    auto r = fsi::ReadFileVerified(*dir, name, buf.data(), body.size(), opts);
+    FUZZ_CHECK(r.ok(), "%s", r.status().ToString().c_str());
+    const bool ok = has_record ? matches : !require;
+    FUZZ_CHECK((r->outcome == fsi::ReadOutcome::kOk) == ok, "outcome %d, expected ok=%d (%s)",
+               static_cast<int>(r->outcome), ok, r->detail.c_str());
+    if (ok) {
+      FUZZ_CHECK(std::memcmp(buf.data(), body.data(), body.size()) == 0, "read other bytes");
+      FUZZ_CHECK(r->verified == has_record, "verified");
+    } else {
+      FUZZ_CHECK_MESSAGE(r->detail);
+      FUZZ_CHECK(!std::filesystem::exists(dir_path + "/" + name), "a corrupt file was kept");
+    }
+  }
+
+  // The writer's own output reads back verified (for a quarter of the inputs: it syncs).
+  if ((mode & 0x18) != 0x18) return 0;
+  std::filesystem::remove_all(dir_path, ec);
+  std::filesystem::create_directories(dir_path);
+  auto dir2 = fsi::OpenRootDir(dir_path);
+  FUZZ_CHECK(dir2.ok(), "%s", dir2.status().ToString().c_str());
+  fsi::WriteOptions wo;
+  wo.checksum = fsi::ChecksumStore::kSidecar;
+  auto w = fsi::WriteFileAtomic(*dir2, name, body.data(), body.size(), wo);
+  FUZZ_CHECK(w.ok() && *w == fsi::WriteOutcome::kWritten, "%s", w.status().ToString().c_str());
+  std::vector<char> buf(body.size() + 1);
+  fsi::ReadOptions ro;
+  ro.checksum = fsi::ChecksumStore::kSidecar;
+  ro.require_checksum = true;
+  auto r = fsi::ReadFileVerified(*dir2, name, buf.data(), body.size(), ro);
+  FUZZ_CHECK(r.ok() && r->outcome == fsi::ReadOutcome::kOk && r->verified,
+             "the writer's file does not verify");
+  return 0;
+}
