@@ -187,7 +187,7 @@ Result<std::string> OffsetEndpointPort(std::string_view endpoint, int64_t rank) 
     auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
     if (ec != std::errc() || ptr != port_text.data() + port_text.size()) {
       return Status::InvalidArgument("endpoint '" + ShowBounded(endpoint) + "': port '" +
-                                     std::string(port_text) + "' is not a number");
+                                     ShowBounded(port_text) + "' is not a number");
     }
     if (rank < 0 || rank > 65535 || port < 0 || port > 65535 - rank) {
       return Status::InvalidArgument("endpoint '" + ShowBounded(endpoint) + "': port " +
