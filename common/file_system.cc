@@ -22,6 +22,53 @@ Status ErrnoStatus(std::string_view what, const std::string& path, int err) {
   return Status::IOError(std::move(m));
 }
 
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISLNK(mode)) return "a symlink";
+  return "not a regular file";
+}
+
+// Opens `path` (O_NOFOLLOW) and keeps it only when it is a regular file. The open itself is
+// non-blocking, so that a FIFO (or a device) planted under a file's name is an error naming the
+// path instead of a hang: opening a FIFO blocks until a writer (or reader) appears.
+Result<int> OpenRegular(const std::string& path, int flags, mode_t mode, std::string_view what) {
+  int fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) {
+      return Status::FailedPrecondition(std::string(what) + " '" + path +
+                                        "': is a symlink; not followed");
+    }
+    if (err == ENXIO) {  // O_WRONLY|O_NONBLOCK on a FIFO without a reader
+      return Status::FailedPrecondition(std::string(what) + " '" + path +
+                                        "': is a FIFO, not a regular file; not opened");
+    }
+    return ErrnoStatus(what, path, err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::FailedPrecondition(std::string(what) + " '" + path + "': is " +
+                                      FileKind(st.st_mode) + ", not a regular file; not opened");
+  }
+  const int fl = ::fcntl(fd, F_GETFL);
+  if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("fcntl", path, err);
+  }
+  return fd;
+}
+
 class PosixWritableFile final : public WritableFile {
  public:
   PosixWritableFile(std::string path, int fd, uint64_t size)
@@ -122,9 +169,9 @@ class PosixFileSystem final : public FileSystem {
  public:
   Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path,
                                                           const FileOptions& opts) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW,
-                    static_cast<mode_t>(opts.file_mode));
-    if (fd < 0) return ErrnoStatus("open for append", path, errno);
+    KVO_ASSIGN_OR_RETURN(int fd,
+                         OpenRegular(path, O_WRONLY | O_CREAT | O_APPEND,
+                                     static_cast<mode_t>(opts.file_mode), "open for append"));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       int err = errno;
@@ -136,8 +183,7 @@ class PosixFileSystem final : public FileSystem {
   }
 
   Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return ErrnoStatus("open for read", path, errno);
+    KVO_ASSIGN_OR_RETURN(int fd, OpenRegular(path, O_RDONLY, 0, "open for read"));
     return std::unique_ptr<SequentialFile>(new PosixSequentialFile(path, fd));
   }
 
@@ -236,10 +282,17 @@ std::string JoinPath(std::string_view a, std::string_view b) {
 }
 
 ScopedTempDir::ScopedTempDir(std::string_view name) {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/kvo-" +
-                     std::string(name) + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  const char* env = std::getenv("TMPDIR");
+  const std::string base = env != nullptr && *env != '\0' ? env : "/tmp";
+  std::string tmpl = base + "/kvo-" + std::string(name) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) != nullptr) {
+    path_ = tmpl;
+  } else {
+    const int err = errno;
+    status_ = ErrnoStatus(std::string("cannot create a temp dir under ") +
+                              (env != nullptr && *env != '\0' ? "$TMPDIR" : "/tmp") + ": mkdtemp",
+                          tmpl, err);
+  }
 }
 
 ScopedTempDir::~ScopedTempDir() {

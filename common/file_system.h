@@ -47,7 +47,9 @@ class FileSystem {
  public:
   virtual ~FileSystem() = default;
 
-  // Opens `path` for appending, creating it (mode file_mode) when missing.
+  // Opens `path` for appending, creating it (mode file_mode) when missing. The Posix file system
+  // opens regular files only (no symlink, FIFO or device: FailedPrecondition naming the path; never
+  // blocks on a FIFO); NewSequentialFile too.
   virtual Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path,
                                                                   const FileOptions& opts) = 0;
   virtual Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) = 0;
@@ -72,9 +74,10 @@ FileSystem* DefaultFileSystem();
 // Joins two path parts with exactly one '/'.
 std::string JoinPath(std::string_view a, std::string_view b);
 
-// A fresh directory $TMPDIR/kvo-<name>-XXXXXX ($TMPDIR unset: /tmp), removed with its contents
-// on destruction; path() is empty when it could not be created. For scratch space of tests,
-// benchmarks and the demo, not for anything kvo keeps.
+// A fresh directory $TMPDIR/kvo-<name>-XXXXXX ($TMPDIR unset: /tmp), mode 0700, removed with its
+// contents on destruction; path() is empty when it could not be created, and status() then says
+// why, naming the path tried and the errno text. For scratch space of tests, benchmarks and the
+// demo, not for anything kvo keeps.
 class ScopedTempDir {
  public:
   explicit ScopedTempDir(std::string_view name);
@@ -82,9 +85,11 @@ class ScopedTempDir {
   ScopedTempDir(const ScopedTempDir&) = delete;
   ScopedTempDir& operator=(const ScopedTempDir&) = delete;
   const std::string& path() const { return path_; }
+  const Status& status() const { return status_; }
 
  private:
   std::string path_;
+  Status status_;
 };
 
 }  // namespace kvo

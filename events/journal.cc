@@ -4,6 +4,7 @@
 #include "events/journal.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -290,9 +291,24 @@ Status JournalImpl::LoadSegment(Segment* seg, bool is_last, bool* remove) {
     uint64_t bad_at = scanner.offset();
     std::string where = AtOffset(seg->path, bad_at) + ": " + scanner.bad_reason();
     if (!is_last) return Status::Corruption(where + " (not the last segment)");
-    KVO_ASSIGN_OR_RETURN(std::string rest, ReadRange(seg->path, bad_at + 1, file_size));
-    if (journal_internal::ContainsValidRecord(rest, last_seq_)) {
-      return Status::Corruption(where + ", followed by valid records");
+    KVO_ASSIGN_OR_RETURN(std::string tail, ReadRange(seg->path, bad_at, file_size));
+    // A record after the damage has a seq above every seq before it, and at least the segment's.
+    journal_internal::TailScan scan;
+    if (!last_seq_.has_value() || *last_seq_ != std::numeric_limits<uint64_t>::max()) {
+      scan = journal_internal::ScanTornTail(tail, last_seq_ ? *last_seq_ + 1 : seg->base_seq);
+    }
+    if (scan.verdict == journal_internal::TailVerdict::kValidRecordFollows) {
+      return Status::Corruption(where + ", followed by valid records (seq " +
+                                std::to_string(scan.found_seq) + " at offset " +
+                                std::to_string(bad_at + scan.found_at) + ")");
+    }
+    if (scan.verdict == journal_internal::TailVerdict::kUndecided) {
+      return Status::Corruption(
+          where + ": the " + std::to_string(file_size - bad_at) +
+          " bytes after it hold too many record-like headers to tell a torn tail from damaged "
+          "records within bounded work; not truncated (move the segment away, or truncate it at "
+          "offset " +
+          std::to_string(bad_at) + " if nothing after it matters)");
     }
     seg->size = bad_at;
     if (seg->records == 0) {

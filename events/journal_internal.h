@@ -61,10 +61,32 @@ struct ParsedRecord {
 };
 // Parses the record at the start of `data`.
 ParseStatus ParseRecord(std::string_view data, ParsedRecord* record);
-// True when `data` holds a valid record starting at any offset whose seq is greater than
-// `after_seq` (any seq when nullopt). Tells a torn tail (garbage to the end) from corruption in the
-// middle (valid records follow the bad bytes).
-bool ContainsValidRecord(std::string_view data, std::optional<uint64_t> after_seq);
+// Deciding whether bytes that fail to parse as a record are a torn tail (garbage to the end of the
+// file, truncated) or corruption in the middle (valid records follow them, so truncating would drop
+// good data). `tail` holds the bytes from the bad record's first byte to the end of the file.
+//
+// Linear in tail.size(): a candidate record (a header at any offset > 0 whose length fits and
+// whose seq is in [min_seq, min_seq + kTailSeqWindow]) is checksummed only where a record written
+// by the journal could sit: right after the bad record (its length field intact), or where the
+// records after the damage must end -- the end of the file, the start of a torn last record (a
+// partial header, or a header whose seq follows the candidate's by at most kTailSeqWindow), or
+// zero bytes to the end. Random junk almost never offers such a candidate; junk that offers many
+// is refused once the checksummed bytes exceed 16 per tail byte + 1 MiB (kUndecided: never
+// truncated).
+enum class TailVerdict {
+  kTorn,                // nothing valid follows: truncate at the bad record
+  kValidRecordFollows,  // corruption in the middle
+  kUndecided,           // the work budget ran out: treat as corruption, never truncate
+};
+inline constexpr uint64_t kTailSeqWindow = uint64_t{1} << 32;
+struct TailScan {
+  TailVerdict verdict = TailVerdict::kTorn;
+  uint64_t found_at = 0;      // offset in `tail` of the valid record (kValidRecordFollows)
+  uint64_t found_seq = 0;     // its seq
+  uint64_t bytes_hashed = 0;  // bytes checksummed while deciding (the work; tests bound it)
+  uint64_t candidates = 0;    // records checksummed
+};
+TailScan ScanTornTail(std::string_view tail, uint64_t min_seq);
 
 // Reads the records of one segment file front to back through a buffer, never past `limit` bytes.
 class SegmentScanner {

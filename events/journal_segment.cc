@@ -127,15 +127,65 @@ ParseStatus ParseRecord(std::string_view data, ParsedRecord* record) {
   return ParseStatus::kOk;
 }
 
-bool ContainsValidRecord(std::string_view data, std::optional<uint64_t> after_seq) {
-  ParsedRecord r;
-  for (size_t off = 0; off + kJournalRecordHeaderBytes <= data.size(); ++off) {
-    if (ParseRecord(data.substr(off), &r) == ParseStatus::kOk &&
-        (!after_seq.has_value() || r.seq > *after_seq)) {
+TailScan ScanTornTail(std::string_view tail, uint64_t min_seq) {
+  TailScan out;
+  const size_t n = tail.size();
+  if (n < kJournalRecordHeaderBytes + 1) return out;
+  const uint64_t budget = 16 * static_cast<uint64_t>(n) + (uint64_t{1} << 20);
+  const char* p = tail.data();
+  auto seq_at = [&](size_t o) { return GetFixed64(p + o + kSeqOffset); };
+  // Whether the header at `o` could start a record the journal wrote after the damage: its length
+  // fits (*end: where it would end) and its seq is in [min_seq, min_seq + kTailSeqWindow].
+  auto plausible = [&](size_t o, uint64_t* end) {
+    if (o + kJournalRecordHeaderBytes > n) return false;
+    const uint32_t length = GetFixed32(p + o + kLengthOffset);
+    if (length > kJournalMaxPayloadBytes) return false;
+    *end = o + kJournalRecordHeaderBytes + uint64_t{length};
+    if (*end > n) return false;
+    const uint64_t seq = seq_at(o);
+    return seq >= min_seq && seq - min_seq <= kTailSeqWindow;
+  };
+  // Checksums the candidate at `o`; true when that decided (a valid record, or the budget ran out).
+  auto check = [&](size_t o) {
+    const uint32_t length = GetFixed32(p + o + kLengthOffset);
+    out.bytes_hashed += kJournalRecordHeaderBytes - kLengthOffset + uint64_t{length};
+    ++out.candidates;
+    if (out.bytes_hashed > budget) {
+      out.verdict = TailVerdict::kUndecided;
       return true;
     }
+    ParsedRecord r;
+    if (ParseRecord(tail.substr(o), &r) != ParseStatus::kOk) return false;
+    out.verdict = TailVerdict::kValidRecordFollows;
+    out.found_at = o;
+    out.found_seq = r.seq;
+    return true;
+  };
+  uint64_t end = 0;
+  // 1. Right after the bad record, when its length field is intact (damage in its checksum, seq or
+  // payload): the next record the journal wrote starts there.
+  {
+    const uint32_t length = GetFixed32(p + kLengthOffset);
+    const uint64_t next = kJournalRecordHeaderBytes + uint64_t{length};
+    if (length <= kJournalMaxPayloadBytes && next < n && plausible(next, &end) && check(next)) {
+      return out;
+    }
   }
-  return false;
+  // 2. Where the records after the damage must end: the end of the file; a torn last record (a
+  // partial header, or a header whose seq follows); zero bytes to the end (a file extended by a
+  // crash before its data landed). The last good record ends at one of these.
+  size_t zeros_from = n;
+  while (zeros_from > 0 && p[zeros_from - 1] == '\0') --zeros_from;
+  for (size_t o = 1; o + kJournalRecordHeaderBytes <= n; ++o) {
+    if (!plausible(o, &end)) continue;
+    bool boundary = end == n || n - end < kJournalRecordHeaderBytes || end >= zeros_from;
+    if (!boundary) {
+      const uint64_t seq = seq_at(o), next_seq = seq_at(end);
+      boundary = next_seq > seq && next_seq - seq <= kTailSeqWindow;
+    }
+    if (boundary && check(o)) return out;
+  }
+  return out;
 }
 
 SegmentScanner::SegmentScanner(FileSystem* fs, std::string path, uint64_t limit)

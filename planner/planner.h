@@ -54,9 +54,16 @@ struct PlanPoint {
 // Called with (requests done, total) now and then.
 using ProgressFn = std::function<void(size_t, size_t)>;
 
+// The largest CPU tier the manager holds (its policy tables index nodes with 28 bits; ARC keeps
+// up to twice its capacity in nodes).
+inline constexpr uint64_t kMaxPlanCapacityBlocks = ((uint64_t{1} << 28) - 1) / 2 - 16;
+
 // Replays `trace` through an OffloadManager with `capacity_blocks` CPU slots and `policy`. For
 // each request in order: it hits its longest run of leading hash ids present (hit tokens =
 // min(hits * block_tokens, input_length)); then every one of its hash ids is offered for storing.
+// A capacity above the trace's distinct blocks is simulated with room for exactly those (the
+// answers are the same: nothing is ever evicted). InvalidArgument when even that exceeds
+// kMaxPlanCapacityBlocks.
 Result<PlanPoint> SimulateCapacity(const std::vector<TraceRequest>& trace,
                                    const std::string& policy, uint64_t capacity_blocks,
                                    uint64_t block_tokens, const ProgressFn& progress = nullptr);

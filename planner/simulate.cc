@@ -3,9 +3,14 @@
 #include <unordered_set>
 
 #include "manager/offload_manager.h"
+#include "manager/policy_table.h"
 #include "planner/planner.h"
 
 namespace kvo {
+
+static_assert(kMaxPlanCapacityBlocks == policy_internal::kNil / 2 - 16,
+              "the planner's limit is the manager's largest CPU tier");
+
 namespace {
 
 uint64_t HitTokens(size_t hits, uint64_t block_tokens, int64_t input_length) {
@@ -17,8 +22,24 @@ uint64_t HitTokens(size_t hits, uint64_t block_tokens, int64_t input_length) {
 Result<PlanPoint> SimulateCapacity(const std::vector<TraceRequest>& trace,
                                    const std::string& policy, uint64_t capacity_blocks,
                                    uint64_t block_tokens, const ProgressFn& progress) {
+  // A tier with room for every distinct block of the trace never evicts: any larger capacity
+  // gives the same answers, so the manager is built no larger than that (a capacity of 3e14
+  // one-token blocks used to abort on a CHECK in the policy table).
+  uint64_t distinct = 0;
+  {
+    std::unordered_set<uint64_t> seen;
+    for (const TraceRequest& r : trace) seen.insert(r.hash_ids.begin(), r.hash_ids.end());
+    distinct = seen.size();
+  }
+  const uint64_t manager_blocks = std::min(capacity_blocks, distinct + 1);
+  if (manager_blocks > kMaxPlanCapacityBlocks) {
+    return Status::InvalidArgument("a capacity of " + std::to_string(capacity_blocks) +
+                                   " blocks (the trace has " + std::to_string(distinct) +
+                                   " distinct) exceeds the largest CPU tier the manager holds, " +
+                                   std::to_string(kMaxPlanCapacityBlocks) + " blocks");
+  }
   ManagerOptions options;
-  options.num_blocks = capacity_blocks;
+  options.num_blocks = manager_blocks;
   options.eviction_policy = policy;
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadManager> manager, OffloadManager::Create(options));
 

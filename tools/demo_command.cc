@@ -16,7 +16,7 @@ namespace {
 
 Status RunDemo(int batches, bool json) {
   ScopedTempDir scratch("demo");
-  if (scratch.path().empty()) return Status::IOError("cannot create a temp dir");
+  if (scratch.path().empty()) return scratch.status();
   const std::string& dir = scratch.path();
 
   // 1. vLLM's chained block hashes for a prompt (sha256_cbor, PYTHONHASHSEED=0, 16-token blocks).

@@ -9,16 +9,18 @@
 // question over HTTP — which instance holds how much of the next prompt, on which tier — and its
 // hash-parity doctor checks the engines' hashes. Finally one engine restarts: the manager recovers
 // from its journal (CPU gone, files kept) and the indexer follows.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <list>
 #include <memory>
 #include <thread>
 #include <unordered_map>
 
+#include "common/file_system.h"
 #include "events/events.h"
 #include "indexer/client.h"
 #include "indexer/service.h"
@@ -238,7 +240,14 @@ class Engine {
   Engine(std::string name, std::string dir) : name_(std::move(name)), dir_(std::move(dir)) {}
 
   Status Open() {
-    std::filesystem::create_directories(dir_ + "/fs");
+    // The file tier's root_dir holds the engine's KV bytes: private, like the tier's own
+    // directories (0700), whatever the umask.
+    const std::string fs_root = dir_ + "/fs";
+    KVO_RETURN_IF_ERROR(DefaultFileSystem()->CreateDirs(fs_root, FileOptions{}));
+    struct stat st {};
+    if (::stat(fs_root.c_str(), &st) != 0) return Status::IOError("stat '" + fs_root + "'");
+    std::printf("# %s: file tier root_dir %s (mode %04o)\n", name_.c_str(), fs_root.c_str(),
+                static_cast<unsigned>(st.st_mode & 07777));
     KvGeometry kv;
     kv.worker_kv_bytes_per_block = kBlockBytes;
     kv.gpu_block_size = kBlockTokens;

@@ -2,8 +2,11 @@
 // vLLM's; the layout is the same).
 //   scan    namespaces (digest checked against config.json), rank directories, blocks per group,
 //           temp files and anything that does not belong; --blocks lists every block.
-//   verify  as scan, and reads every block checking its integrity record (xattr or sidecar);
-//           exit status 1 when a block is corrupt; --remove-corrupt deletes them.
+//   verify  as scan, and checks every block: its size against the namespace's block size
+//           (--block-bytes, else the size most blocks of the rank directory have; a file of another
+//           size is corrupt without being read), then its integrity record (xattr or sidecar:
+//           bytes and identity, so a misfiled block is caught); exit status 1 when a block is
+//           corrupt or the block size is ambiguous; --remove-corrupt deletes corrupt blocks.
 //   du      bytes per namespace and rank (apparent and allocated).
 // Nothing is modified except with --remove-corrupt. Symlinks are reported, never followed.
 #include <cstdio>
@@ -23,6 +26,7 @@ struct FsArgs {
   bool json = false;
   bool blocks = false;
   bool remove_corrupt = false;
+  uint64_t block_bytes = 0;
 };
 
 void Run(const std::string& mode, const FsArgs& args) {
@@ -30,6 +34,7 @@ void Run(const std::string& mode, const FsArgs& args) {
   o.verify = mode == "verify";
   o.remove_corrupt = args.remove_corrupt;
   o.list_blocks = args.blocks;
+  o.block_bytes = args.block_bytes;
   auto report = InspectFsRoot(args.root_dir, o);
   if (!report.ok()) {
     Fail(report.status());
@@ -73,7 +78,7 @@ void Run(const std::string& mode, const FsArgs& args) {
   } else {
     std::printf("%s", FsRootReportText(*report, args.blocks).c_str());
   }
-  if (o.verify && report->corrupt > 0) SetExitCode(1);
+  if (o.verify && (report->corrupt > 0 || report->ambiguous)) SetExitCode(1);
 }
 
 }  // namespace
@@ -92,6 +97,9 @@ void AddFsCommand(CLI::App& app) {
     if (std::string(mode) == "scan") sub->add_flag("--blocks", args->blocks, "list every block");
     if (std::string(mode) == "verify") {
       sub->add_flag("--remove-corrupt", args->remove_corrupt, "delete corrupt blocks");
+      sub->add_option("--block-bytes", args->block_bytes,
+                      "every block's size (vLLM's row_stride); default: the most common size")
+          ->check(CLI::PositiveNumber);
     }
     std::string m = mode;
     sub->callback([m, args] { Run(m, *args); });

@@ -32,10 +32,16 @@
 #include "common/status.h"
 #include "manager/offload_manager.h"
 #include "manager/ops_script.h"
+#include "manager/policy_table.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
 namespace {
+
+// The largest CPU tier the manager holds: its policies index nodes with 28 bits and ARC keeps up
+// to twice its capacity in nodes (ghost lists). A larger --num-blocks is an error naming the flag
+// (it used to abort on a CHECK deep in the policy table).
+constexpr uint64_t kMaxNumBlocks = policy_internal::kNil / 2 - 16;
 
 struct OpsArgs {
   size_t num_blocks = 0;
@@ -91,7 +97,9 @@ void AddManagerCommand(CLI::App& app) {
       "ops",
       "Run a script of manager API calls (JSON lines) against a CPU tier of N blocks and print "
       "one JSON answer per call");
-  ops->add_option("--num-blocks", args->num_blocks, "CPU tier size in blocks")->required();
+  ops->add_option("--num-blocks", args->num_blocks, "CPU tier size in blocks")
+      ->required()
+      ->check(CLI::Range(uint64_t{0}, kMaxNumBlocks));
   ops->add_option("--policy", args->policy, "eviction policy: lru|arc")->capture_default_str();
   ops->add_option("--store-threshold", args->store_threshold,
                   "store a key only after this many lookups (< 2: always)")

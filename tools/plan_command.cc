@@ -108,9 +108,16 @@ Status RunPlan(const PlanArgs& args) {
     for (uint64_t cap_tokens : capacities) {
       uint64_t blocks = cap_tokens / args.block_tokens;
       std::string label = policy + " " + std::to_string(cap_tokens);
-      KVO_ASSIGN_OR_RETURN(PlanPoint p,
-                           SimulateCapacity(*trace, policy, blocks, args.block_tokens,
-                                            [&](size_t d, size_t t) { bar.Update(label, d, t); }));
+      Result<PlanPoint> simulated =
+          SimulateCapacity(*trace, policy, blocks, args.block_tokens,
+                           [&](size_t d, size_t t) { bar.Update(label, d, t); });
+      if (!simulated.ok()) {
+        bar.Done();
+        return simulated.status().WithContext("--capacity-tokens " + std::to_string(cap_tokens) +
+                                              " with --block-tokens " +
+                                              std::to_string(args.block_tokens));
+      }
+      PlanPoint p = *simulated;
       p.capacity_tokens = cap_tokens;  // as asked; the manager holds capacity_blocks whole blocks
       points.push_back(p);
     }

@@ -107,12 +107,15 @@ Result<std::optional<std::string>> LoadRecord(const Dir& dir, int fd, const std:
     return std::optional<std::string>(std::string(buf, static_cast<size_t>(n)));
   }
   const std::string side = name + kSidecarSuffix;
-  Fd sfd(::openat(dir.fd(), side.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  Fd sfd(::openat(dir.fd(), side.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (sfd.get() < 0) {
     if (errno == ENOENT) return std::optional<std::string>();
     if (errno == ELOOP) return std::optional<std::string>(std::string());  // invalid record
     return Errno("open integrity sidecar", side, errno);
   }
+  struct stat sst {};
+  if (::fstat(sfd.get(), &sst) != 0) return Errno("stat integrity sidecar", side, errno);
+  if (!S_ISREG(sst.st_mode)) return std::optional<std::string>(std::string());  // invalid
   KVO_ASSIGN_OR_RETURN(size_t n, ReadAll(sfd.get(), buf, sizeof(buf), side));
   return std::optional<std::string>(std::string(buf, n));
 }
@@ -127,33 +130,41 @@ void RemoveIfSame(const Dir& dir, const std::string& name, const struct stat& st
   ::unlinkat(dir.fd(), (name + kSidecarSuffix).c_str(), 0);
 }
 
-Result<ReadResult> CheckBody(const Dir& dir, int fd, const std::string& name, const void* data,
-                             size_t n, ChecksumStore store, bool require) {
+// What the record of a file of `size` bytes says before any byte of the body is read: kOk with
+// *rec set (checksum still to compare), kOk without *rec (no record, none required), or kCorrupt.
+Result<ReadResult> CheckRecord(const Dir& dir, int fd, const std::string& name, uint64_t size,
+                               ChecksumStore store, bool require,
+                               const std::optional<uint64_t>& identity,
+                               std::optional<IntegrityRecord>* rec) {
   ReadResult out;
+  out.outcome = ReadOutcome::kOk;
+  rec->reset();
   KVO_ASSIGN_OR_RETURN(std::optional<std::string> raw, LoadRecord(dir, fd, name, store));
   if (!raw.has_value()) {
     if (require) {
       out.outcome = ReadOutcome::kCorrupt;
       out.detail = "no integrity record";
-    } else {
-      out.outcome = ReadOutcome::kOk;
     }
     return out;
   }
-  std::optional<IntegrityRecord> rec = DecodeRecord(*raw);
-  if (!rec.has_value()) {
+  *rec = DecodeRecord(*raw);
+  if (!rec->has_value()) {
     out.outcome = ReadOutcome::kCorrupt;
     out.detail = "malformed integrity record";
-  } else if (rec->length != n) {
+    return out;
+  }
+  out.record_version = (*rec)->version;
+  if ((*rec)->length != size) {
     out.outcome = ReadOutcome::kCorrupt;
-    out.detail = "integrity record says " + std::to_string(rec->length) + " bytes, file has " +
-                 std::to_string(n);
-  } else if (rec->xxh3 != Xxh3(data, n)) {
+    out.detail = "integrity record says " + std::to_string((*rec)->length) + " bytes, file has " +
+                 std::to_string(size);
+  } else if ((*rec)->version >= 2 && identity.has_value() && (*rec)->identity != *identity) {
     out.outcome = ReadOutcome::kCorrupt;
-    out.detail = "checksum mismatch";
-  } else {
-    out.outcome = ReadOutcome::kOk;
-    out.verified = true;
+    out.misfiled = true;
+    out.detail = "misfiled: its integrity record names another block (renamed or copied here)";
+  } else if ((*rec)->version < 2 && require) {
+    out.outcome = ReadOutcome::kCorrupt;
+    out.detail = "version-1 integrity record (names no block) and require_checksum is set";
   }
   return out;
 }
@@ -161,17 +172,41 @@ Result<ReadResult> CheckBody(const Dir& dir, int fd, const std::string& name, co
 }  // namespace
 
 std::string EncodeRecord(const IntegrityRecord& r) {
-  std::string s("kvo1", 4);
+  std::string s(r.version == 1 ? "kvo1" : "kvo2", 4);
   s.append(4, '\0');
   PutU64(&s, r.length);
   PutU64(&s, r.xxh3);
+  if (r.version != 1) PutU64(&s, r.identity);
   return s;
 }
 
 std::optional<IntegrityRecord> DecodeRecord(std::string_view b) {
-  if (b.size() != kRecordBytes || b.substr(0, 4) != "kvo1") return std::nullopt;
+  IntegrityRecord r;
+  if (b.size() == kRecordBytes && b.substr(0, 4) == "kvo2") {
+    r.version = 2;
+    r.identity = GetU64(b.data() + 24);
+  } else if (b.size() == kRecordBytesV1 && b.substr(0, 4) == "kvo1") {
+    r.version = 1;
+  } else {
+    return std::nullopt;
+  }
   if (b.substr(4, 4) != std::string_view("\0\0\0\0", 4)) return std::nullopt;
-  return IntegrityRecord{GetU64(b.data() + 8), GetU64(b.data() + 16)};
+  r.length = GetU64(b.data() + 8);
+  r.xxh3 = GetU64(b.data() + 16);
+  return r;
+}
+
+uint64_t BlockIdentity(std::string_view ns_name, uint32_t rank, const FsBlockKey& key) {
+  std::string id("kvo.block");
+  id += '\0';
+  id += ns_name;
+  id += '\0';
+  id += std::to_string(rank);
+  id += '\0';
+  id += std::to_string(key.group);
+  id += '\0';
+  id += key.hex;
+  return XXH3_64bits(id.data(), id.size());
 }
 
 uint64_t Xxh3(const void* data, size_t n) { return XXH3_64bits(data, n); }
@@ -261,7 +296,11 @@ Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, co
   Status s = WriteAll(file.get(), data, n, tmp);
   if (!s.ok()) return fail(s);
   if (opts.write_checksum) {
-    const std::string rec = EncodeRecord({n, Xxh3(data, n)});
+    IntegrityRecord record;
+    record.length = n;
+    record.xxh3 = Xxh3(data, n);
+    record.identity = opts.identity;
+    const std::string rec = EncodeRecord(record);
     if (opts.checksum == ChecksumStore::kXattr) {
       if (::fsetxattr(file.get(), kXattrName, rec.data(), rec.size(), 0) != 0) {
         return fail(Errno("set integrity record on", tmp, errno));
@@ -287,7 +326,7 @@ Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, co
 Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, void* data, size_t n,
                                     const ReadOptions& opts) {
   ReadResult out;
-  const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
+  const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
   const bool direct = opts.o_direct && Aligned(data, n);
   int fd = ::openat(dir.fd(), name.c_str(), flags | (direct ? O_DIRECT : 0));
   if (fd < 0 && direct && errno == EINVAL) fd = ::openat(dir.fd(), name.c_str(), flags);
@@ -302,15 +341,12 @@ Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, voi
     return Errno("open", name, errno);
   }
   Fd file(fd);
-  // Buffered: the whole file is wanted at once; a larger readahead window saves round trips.
-  if (!direct) ::posix_fadvise(file.get(), 0, static_cast<off_t>(n), POSIX_FADV_SEQUENTIAL);
   struct stat st {};
   if (::fstat(file.get(), &st) != 0) return Errno("stat", name, errno);
-  auto corrupt = [&](std::string why) {
+  auto corrupt = [&](ReadResult r) {
     if (opts.remove_corrupt) RemoveIfSame(dir, name, st);
-    out.outcome = ReadOutcome::kCorrupt;
-    out.detail = std::move(why);
-    return out;
+    r.outcome = ReadOutcome::kCorrupt;
+    return r;
   };
   if (!S_ISREG(st.st_mode)) {
     out.outcome = ReadOutcome::kCorrupt;
@@ -318,26 +354,39 @@ Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, voi
     return out;
   }
   if (static_cast<uint64_t>(st.st_size) != n) {
-    return corrupt("size " + std::to_string(st.st_size) + ", expected " + std::to_string(n));
+    out.detail = "size " + std::to_string(st.st_size) + ", expected " + std::to_string(n);
+    return corrupt(std::move(out));
   }
+  std::optional<IntegrityRecord> rec;
+  KVO_ASSIGN_OR_RETURN(ReadResult checked, CheckRecord(dir, file.get(), name, n, opts.checksum,
+                                                       opts.require_checksum, opts.identity, &rec));
+  if (checked.outcome == ReadOutcome::kCorrupt) return corrupt(std::move(checked));
+  // Buffered: the whole file is wanted at once; a larger readahead window saves round trips.
+  if (!direct) ::posix_fadvise(file.get(), 0, static_cast<off_t>(n), POSIX_FADV_SEQUENTIAL);
   KVO_ASSIGN_OR_RETURN(size_t got, ReadAll(file.get(), data, n, name));
-  if (got != n) return corrupt("short read: " + std::to_string(got) + " of " + std::to_string(n));
-  KVO_ASSIGN_OR_RETURN(ReadResult checked, CheckBody(dir, file.get(), name, data, n, opts.checksum,
-                                                     opts.require_checksum));
-  if (checked.outcome == ReadOutcome::kCorrupt) return corrupt(checked.detail);
+  if (got != n) {
+    checked.detail = "short read: " + std::to_string(got) + " of " + std::to_string(n);
+    return corrupt(std::move(checked));
+  }
+  if (rec.has_value()) {
+    if (rec->xxh3 != Xxh3(data, n)) {
+      checked.detail = "checksum mismatch";
+      return corrupt(std::move(checked));
+    }
+    checked.verified = true;
+  }
   return checked;
 }
 
-Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, ChecksumStore checksum,
-                              bool remove_corrupt) {
-  int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, const VerifyOptions& opts) {
+  int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
   ReadResult out;
   if (fd < 0) {
     if (errno == ENOENT) return out;
     if (errno == ELOOP) {
       out.outcome = ReadOutcome::kCorrupt;
       out.detail = "symlink (not followed)";
-      if (remove_corrupt) ::unlinkat(dir.fd(), name.c_str(), 0);
+      if (opts.remove_corrupt) ::unlinkat(dir.fd(), name.c_str(), 0);
       return out;
     }
     return Errno("open", name, errno);
@@ -350,12 +399,51 @@ Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, ChecksumS
     out.detail = "not a regular file";
     return out;
   }
-  std::unique_ptr<char[]> buf(new char[static_cast<size_t>(st.st_size) + 1]);
-  KVO_ASSIGN_OR_RETURN(size_t got,
-                       ReadAll(file.get(), buf.get(), static_cast<size_t>(st.st_size), name));
-  KVO_ASSIGN_OR_RETURN(ReadResult checked,
-                       CheckBody(dir, file.get(), name, buf.get(), got, checksum, false));
-  if (checked.outcome == ReadOutcome::kCorrupt && remove_corrupt) RemoveIfSame(dir, name, st);
+  auto corrupt = [&](ReadResult r) {
+    if (opts.remove_corrupt) RemoveIfSame(dir, name, st);
+    r.outcome = ReadOutcome::kCorrupt;
+    return r;
+  };
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (opts.expected_size != 0 && size != opts.expected_size) {
+    out.detail = "size " + std::to_string(size) + ", the namespace's blocks are " +
+                 std::to_string(opts.expected_size) + " bytes";
+    return corrupt(std::move(out));
+  }
+  std::optional<IntegrityRecord> rec;
+  KVO_ASSIGN_OR_RETURN(ReadResult checked, CheckRecord(dir, file.get(), name, size, opts.checksum,
+                                                       false, opts.identity, &rec));
+  if (checked.outcome == ReadOutcome::kCorrupt) return corrupt(std::move(checked));
+  // Hash the body in bounded memory (a block may be large; a hostile one sparse and huge).
+  constexpr size_t kChunk = 1 << 20;
+  std::unique_ptr<char[]> buf(new char[kChunk]);
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) return Status::Internal("verify: out of memory");
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> guard(state, XXH3_freeState);
+  XXH3_64bits_reset(state);
+  uint64_t done = 0;
+  while (done < size) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, size - done));
+    ssize_t r = ::pread(file.get(), buf.get(), want, static_cast<off_t>(done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Errno("read", name, errno);
+    }
+    if (r == 0) break;
+    XXH3_64bits_update(state, buf.get(), static_cast<size_t>(r));
+    done += static_cast<uint64_t>(r);
+  }
+  if (done != size) {
+    checked.detail = "short read: " + std::to_string(done) + " of " + std::to_string(size);
+    return corrupt(std::move(checked));
+  }
+  if (rec.has_value()) {
+    if (rec->xxh3 != XXH3_64bits_digest(state)) {
+      checked.detail = "checksum mismatch";
+      return corrupt(std::move(checked));
+    }
+    checked.verified = true;
+  }
   return checked;
 }
 

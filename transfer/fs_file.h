@@ -1,12 +1,17 @@
 // Low-level, symlink-safe block file I/O under one directory tree (internal to the file tier; the
 // `kvo fs` commands use it too). Every path below root_dir is walked component by component with
-// openat(O_NOFOLLOW | O_DIRECTORY); a symlink anywhere is an error, never followed.
+// openat(O_NOFOLLOW | O_DIRECTORY); a symlink anywhere is an error, never followed. Files are
+// opened O_NONBLOCK and used only when fstat says they are regular: a FIFO planted under a block's
+// name is corrupt, never a hang.
 //
-// Integrity record (kvo only; the .bin stays byte-identical to vLLM's): 24 bytes
-//   "kvo1" | u32 flags (0) | u64 length | u64 XXH3-64 of the body      (little-endian)
-// stored as the extended attribute "user.kvo.xxh3" of the .bin (set on the temp file before the
-// rename, so name, body and record appear atomically), or, where the file system has no user
-// xattrs, in a sidecar file "<hex>.bin.kvo" renamed into place before the .bin.
+// Integrity record (kvo only; the .bin stays byte-identical to vLLM's; schemas/fs_tier_format.md):
+//   v2, 32 bytes: "kvo2" | u32 flags (0) | u64 length | u64 XXH3-64 of the body | u64 identity
+//   v1, 24 bytes: "kvo1" | u32 flags (0) | u64 length | u64 XXH3-64 of the body  (read only)
+// (little-endian). `identity` binds the record to the name the block was stored under
+// (BlockIdentity: namespace, rank, group, hash), so a .bin renamed over another block's name is
+// misfiled and never served. Stored as the extended attribute "user.kvo.xxh3" of the .bin (set on
+// the temp file before the rename, so name, body and record appear atomically), or, where the file
+// system has no user xattrs, in a sidecar file "<hex>.bin.kvo" renamed into place before the .bin.
 #pragma once
 
 #include <cstdint>
@@ -24,17 +29,27 @@ namespace kvo::fs_internal {
 
 inline constexpr char kXattrName[] = "user.kvo.xxh3";
 inline constexpr char kSidecarSuffix[] = ".kvo";
-inline constexpr size_t kRecordBytes = 24;
+inline constexpr size_t kRecordBytes = 32;    // version 2 (written)
+inline constexpr size_t kRecordBytesV1 = 24;  // version 1 (read; no identity)
 
 enum class ChecksumStore : uint8_t { kXattr, kSidecar };
 
 struct IntegrityRecord {
+  uint32_t version = 2;  // 2: binds the identity; 1: bytes only (written before identities)
   uint64_t length = 0;
   uint64_t xxh3 = 0;
+  uint64_t identity = 0;  // version 2 only
 };
+// Version 2 bytes (version 1 bytes when r.version == 1: for tests of old tiers).
 std::string EncodeRecord(const IntegrityRecord& r);
+// Either version; nullopt for anything else (wrong size, magic or flags).
 std::optional<IntegrityRecord> DecodeRecord(std::string_view bytes);
 uint64_t Xxh3(const void* data, size_t n);
+
+// What names a block file: XXH3-64 of "kvo.block\0<namespace>\0<rank>\0<group>\0<hex>" (decimal
+// numbers). A record of one block copied or renamed to another name, group, rank or namespace
+// does not match. REQUIRES: key validated.
+uint64_t BlockIdentity(std::string_view ns_name, uint32_t rank, const FsBlockKey& key);
 
 // An open directory descriptor (closed on destruction).
 class Dir {
@@ -67,6 +82,7 @@ struct WriteOptions {
   bool o_direct = false;  // used only when buffer address and length are 4096-aligned
   ChecksumStore checksum = ChecksumStore::kXattr;
   bool write_checksum = true;
+  uint64_t identity = 0;  // BlockIdentity of the name written, recorded with the checksum
 };
 
 enum class WriteOutcome : uint8_t { kWritten, kExisted };
@@ -80,27 +96,37 @@ Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, co
 enum class ReadOutcome : uint8_t {
   kOk,       // read whole; checksum verified (or none recorded and none required)
   kMissing,  // no such file
-  kCorrupt,  // wrong size, short read, checksum mismatch, symlink/non-regular: removed
+  kCorrupt,  // wrong size, short read, checksum mismatch, misfiled, symlink/non-regular: removed
 };
 struct ReadResult {
   ReadOutcome outcome = ReadOutcome::kMissing;
-  bool verified = false;  // a kvo integrity record was present and matched
-  std::string detail;     // why corrupt
+  bool verified = false;        // a kvo integrity record was present and matched
+  bool misfiled = false;        // kCorrupt: the record names another block (identity mismatch)
+  uint32_t record_version = 0;  // of the record found (0: none)
+  std::string detail;           // why corrupt
 };
 struct ReadOptions {
   bool o_direct = false;
   ChecksumStore checksum = ChecksumStore::kXattr;
-  bool require_checksum = false;  // a file without a record is corrupt
+  // A file without a version-2 record is corrupt (no record: vLLM's; version 1: no identity).
+  bool require_checksum = false;
   bool remove_corrupt = true;
+  std::optional<uint64_t> identity;  // BlockIdentity of `name`; a v2 record must match it
 };
 // Reads `name` (exactly n bytes) into `data`, verifying the integrity record. A corrupt file is
 // removed (only if it is still the same inode). IOError for other failures (file left alone).
 Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, void* data, size_t n,
                                     const ReadOptions& opts);
 
-// Verifies a file without knowing its expected size (size from the record). For `kvo fs verify`.
-Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, ChecksumStore checksum,
-                              bool remove_corrupt);
+struct VerifyOptions {
+  ChecksumStore checksum = ChecksumStore::kXattr;
+  std::optional<uint64_t> identity;  // as ReadOptions::identity
+  uint64_t expected_size = 0;        // the namespace's block size; 0: unknown (the record's)
+  bool remove_corrupt = false;
+};
+// Verifies a file for `kvo fs verify`: a size other than expected_size (or the record's length) is
+// corrupt without reading a byte; otherwise the body is hashed in bounded memory.
+Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, const VerifyOptions& opts);
 
 // Removes `name` and its sidecar from `dir`; ok when absent.
 Status RemoveBlockFile(const Dir& dir, const std::string& name);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <openssl/sha.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -39,10 +40,20 @@ bool DigestMatches(const std::string& config_text, const std::string& ns_name,
   return ns_name.size() > 13 && ns_name.substr(ns_name.size() - 13) == "_" + digest;
 }
 
+// NotFound when absent; FailedPrecondition when not a regular file (a FIFO would block a plain
+// open forever, so the open is non-blocking and the type checked before reading).
 Result<std::string> ReadSmallFile(const Dir& dir, const std::string& name) {
+  int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ELOOP) return Status::FailedPrecondition(name + " is a symlink; not followed");
+    return Status::NotFound(name);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::FailedPrecondition(name + " is not a regular file (a FIFO?); not read");
+  }
   std::string buf(1 << 20, '\0');
-  int fd = ::openat(dir.fd(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return Status::NotFound(name);
   ssize_t n = ::read(fd, buf.data(), buf.size());
   ::close(fd);
   if (n < 0) return Status::IOError("read " + name);
@@ -50,8 +61,25 @@ Result<std::string> ReadSmallFile(const Dir& dir, const std::string& name) {
   return buf;
 }
 
-FsRankReport InspectRank(const Dir& root, const std::string& dir_name, uint32_t rank,
-                         const FsInspectOptions& options) {
+// The block size of a rank directory: the size most of its blocks have; 0 and *ambiguous when
+// two sizes tie for the most.
+uint64_t MostCommonSize(const std::map<uint64_t, uint64_t>& per_size, bool* ambiguous) {
+  uint64_t best = 0, count = 0;
+  *ambiguous = false;
+  for (const auto& [size, n] : per_size) {
+    if (n > count) {
+      best = size;
+      count = n;
+      *ambiguous = false;
+    } else if (n == count) {
+      *ambiguous = true;
+    }
+  }
+  return *ambiguous ? 0 : best;
+}
+
+FsRankReport InspectRank(const Dir& root, const std::string& dir_name, const std::string& ns,
+                         uint32_t rank, const FsInspectOptions& options) {
   FsRankReport r;
   r.dir = dir_name;
   r.rank = rank;
@@ -59,6 +87,25 @@ FsRankReport InspectRank(const Dir& root, const std::string& dir_name, uint32_t 
   if (!d.ok()) {
     r.problems.push_back(dir_name + ": " + d.status().message());
     return r;
+  }
+  if (options.verify) {
+    // The namespace's block size, before any block is read: a file of another size is corrupt by
+    // its size alone (truncated, or a sparse giant), whatever its record says.
+    r.block_bytes = options.block_bytes;
+    if (r.block_bytes == 0) {
+      std::map<uint64_t, uint64_t> per_size;
+      Status sized =
+          fs_internal::WalkRankDir(*d, [&](const WalkEntry& e, const Dir&, const std::string&) {
+            if (e.kind == WalkEntry::Kind::kBlock) ++per_size[e.size];
+          });
+      if (!sized.ok()) r.problems.push_back(dir_name + ": " + sized.message());
+      r.block_bytes = MostCommonSize(per_size, &r.block_bytes_ambiguous);
+      if (r.block_bytes_ambiguous) {
+        r.problems.push_back(dir_name +
+                             ": block sizes disagree and none is the most common; sizes are "
+                             "checked against the blocks' records only (pass --block-bytes)");
+      }
+    }
   }
   Status s = fs_internal::WalkRankDir(
       *d, [&](const WalkEntry& e, const Dir& leaf, const std::string& name) {
@@ -73,14 +120,20 @@ FsRankReport InspectRank(const Dir& root, const std::string& dir_name, uint32_t 
             if (options.list_blocks) r.blocks_list.push_back(e.key);
             if (!options.verify) break;
             // Either store works for reading: try the xattr, then the sidecar.
-            auto v = fs_internal::VerifyFile(leaf, name, fs_internal::ChecksumStore::kXattr, false);
+            fs_internal::VerifyOptions vo;
+            vo.checksum = fs_internal::ChecksumStore::kXattr;
+            vo.identity = fs_internal::BlockIdentity(ns, rank, e.key);
+            vo.expected_size = r.block_bytes;
+            auto v = fs_internal::VerifyFile(leaf, name, vo);
             if (v.ok() && v->outcome == fs_internal::ReadOutcome::kOk && !v->verified) {
-              v = fs_internal::VerifyFile(leaf, name, fs_internal::ChecksumStore::kSidecar, false);
+              vo.checksum = fs_internal::ChecksumStore::kSidecar;
+              v = fs_internal::VerifyFile(leaf, name, vo);
             }
             if (!v.ok()) {
               r.problems.push_back(path + ": " + v.status().message());
             } else if (v->outcome == fs_internal::ReadOutcome::kCorrupt) {
               ++r.corrupt;
+              if (v->misfiled) ++r.misfiled;
               std::string why = path + ": corrupt (" + v->detail + ")";
               if (options.remove_corrupt) {
                 Status rm = fs_internal::RemoveBlockFile(leaf, name);
@@ -132,7 +185,7 @@ Result<FsRootReport> InspectFsRoot(const std::string& root_dir, const FsInspectO
     if (auto rank = ParseRankDirName(e.name, &ns)) {
       FsNamespaceReport& n = namespaces[ns];
       n.name = ns;
-      n.ranks.push_back(InspectRank(root, e.name, *rank, options));
+      n.ranks.push_back(InspectRank(root, e.name, ns, *rank, options));
       continue;
     }
     auto d = fs_internal::OpenChildDir(root, e.name, false, 0700, "namespace directory");
@@ -141,6 +194,10 @@ Result<FsRootReport> InspectFsRoot(const std::string& root_dir, const FsInspectO
       continue;
     }
     auto config = ReadSmallFile(*d, "config.json");
+    if (!config.ok() && config.status().code() == StatusCode::kFailedPrecondition) {
+      report.problems.push_back(e.name + "/" + config.status().message());
+      continue;
+    }
     if (!config.ok()) {
       report.problems.push_back(e.name + ": neither a namespace (no config.json) nor a rank dir");
       continue;
@@ -160,6 +217,7 @@ Result<FsRootReport> InspectFsRoot(const std::string& root_dir, const FsInspectO
       report.bytes += r.bytes;
       report.disk_bytes += r.disk_bytes;
       report.corrupt += r.corrupt;
+      report.ambiguous = report.ambiguous || r.block_bytes_ambiguous;
     }
     report.namespaces.push_back(std::move(n));
   }
@@ -199,6 +257,8 @@ std::string FsRootReportJson(const FsRootReport& report, bool with_blocks) {
       jr["verified"] = r.verified;
       jr["unverified"] = r.unverified;
       jr["corrupt"] = r.corrupt;
+      jr["misfiled"] = r.misfiled;
+      jr["block_bytes"] = r.block_bytes;
       jr["problems"] = r.problems;
       if (with_blocks) {
         Json bl = Json::array();
@@ -232,7 +292,9 @@ std::string FsRootReportText(const FsRootReport& report, bool with_blocks) {
       }
       if (r.verified + r.unverified + r.corrupt > 0) {
         out += "; verified " + std::to_string(r.verified) + ", unverified " +
-               std::to_string(r.unverified) + ", corrupt " + std::to_string(r.corrupt);
+               std::to_string(r.unverified) + ", corrupt " + std::to_string(r.corrupt) +
+               " (misfiled " + std::to_string(r.misfiled) + ")";
+        if (r.block_bytes != 0) out += ", blocks of " + std::to_string(r.block_bytes) + " bytes";
       }
       out += "\n";
       if (with_blocks) {

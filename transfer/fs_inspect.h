@@ -1,8 +1,10 @@
 // Inspection of a file-tier root directory for operators (`kvo fs scan|verify|du`): every
 // namespace (<model>_<digest12> with config.json; the digest is recomputed and checked), every
 // rank directory, block counts per group, bytes (apparent and allocated), temp files, and with
-// `verify` every block's integrity record. Never follows a symlink; never modifies anything
-// unless remove_corrupt is set.
+// `verify` every block's size against its namespace's block size (so a vLLM-written tier, which has
+// no records, is checked as vLLM's own load checks it: a short file is rejected) and its integrity
+// record (bytes and identity). Never follows a symlink or opens anything but a regular file; never
+// modifies anything unless remove_corrupt is set.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,9 @@ struct FsInspectOptions {
   bool verify = false;          // read every block and check its integrity record
   bool remove_corrupt = false;  // with verify: remove corrupt blocks
   bool list_blocks = false;     // fill FsRankReport::blocks
+  // With verify: every block's size in bytes (one CPU row, vLLM's row_stride). 0: inferred per
+  // rank directory as the size most of its blocks have (ambiguous when two sizes tie).
+  uint64_t block_bytes = 0;
 };
 
 struct FsRankReport {
@@ -32,9 +37,12 @@ struct FsRankReport {
   std::map<uint64_t, uint64_t> blocks_per_size;  // file size -> count (one size per namespace)
   uint64_t verified = 0;                         // verify: record present and matching
   uint64_t unverified = 0;                       // verify: no record (e.g. written by vLLM)
-  uint64_t corrupt = 0;                          // verify: mismatch
-  std::vector<FsBlockKey> blocks_list;           // list_blocks
-  std::vector<std::string> problems;             // "<path>: <why>"
+  uint64_t corrupt = 0;                          // verify: unservable (misfiled included)
+  uint64_t misfiled = 0;                         // verify: record names another block
+  uint64_t block_bytes = 0;             // verify: the block size checked against (0: unknown)
+  bool block_bytes_ambiguous = false;   // verify: sizes disagree and none is the most common
+  std::vector<FsBlockKey> blocks_list;  // list_blocks
+  std::vector<std::string> problems;    // "<path>: <why>"
 };
 
 struct FsNamespaceReport {
@@ -53,6 +61,7 @@ struct FsRootReport {
   uint64_t bytes = 0;
   uint64_t disk_bytes = 0;
   uint64_t corrupt = 0;
+  bool ambiguous = false;  // verify: some rank's block size could not be inferred
 };
 
 // NotFound / FailedPrecondition when root_dir is missing or not a directory.

@@ -69,6 +69,8 @@ struct FsTier::Impl {
   bool o_direct = false;
   ChecksumStore checksum = ChecksumStore::kXattr;
   Clock* clock = SystemClock();
+  std::atomic<uint64_t> corrupt_count{0};
+  std::atomic<uint64_t> misfiled_count{0};
 
   Mutex mu;
   CondVar work_cv{&mu};
@@ -152,6 +154,7 @@ struct FsTier::Impl {
     wo.file_mode = options.file_mode;
     wo.o_direct = o_direct;
     wo.checksum = checksum;
+    wo.identity = fs_internal::BlockIdentity(ns_name, options.rank, key);
     auto w =
         fs_internal::WriteFileAtomic(*d2, FsBlockFileName(key), Row(slot), region.row_stride, wo);
     if (!w.ok()) return Error(w.status().WithContext("store " + key.hex));
@@ -173,6 +176,7 @@ struct FsTier::Impl {
         return r;
       }
       if (d2.status().code() == StatusCode::kFailedPrecondition) {  // symlink in the path
+        corrupt_count.fetch_add(1);
         r.outcome = FsBlockOutcome::kCorrupt;
         r.status = Status::Corruption("load " + key.hex + ": " + d2.status().message());
         return r;
@@ -183,6 +187,7 @@ struct FsTier::Impl {
     ro.o_direct = o_direct;
     ro.checksum = checksum;
     ro.require_checksum = options.require_checksum;
+    ro.identity = fs_internal::BlockIdentity(ns_name, options.rank, key);
     auto rd =
         fs_internal::ReadFileVerified(*d2, FsBlockFileName(key), Row(slot), region.row_stride, ro);
     if (!rd.ok()) return Error(rd.status().WithContext("load " + key.hex));
@@ -196,6 +201,8 @@ struct FsTier::Impl {
         break;
       case fs_internal::ReadOutcome::kCorrupt:
         r.outcome = FsBlockOutcome::kCorrupt;
+        r.misfiled = rd->misfiled;
+        (rd->misfiled ? misfiled_count : corrupt_count).fetch_add(1);
         r.status = Status::Corruption("block " + key.hex + " group " + std::to_string(key.group) +
                                       ": " + rd->detail + " (removed)");
         KVO_LOG_WARN("fs tier: {}", r.status.message());
@@ -340,6 +347,9 @@ void FsTier::WaitAll() {
     impl_->done_cv.Wait();
   }
 }
+
+uint64_t FsTier::corrupt_blocks() const { return impl_->corrupt_count.load(); }
+uint64_t FsTier::misfiled_blocks() const { return impl_->misfiled_count.load(); }
 
 bool FsTier::Exists(const FsBlockKey& key) {
   if (!ValidateBlockHex(key.hex).ok()) return false;

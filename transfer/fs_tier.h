@@ -3,11 +3,13 @@
 // n_write_threads prefer stores, each falls back to the other queue). Jobs are asynchronous:
 // Submit* return at once; GetFinished hands back per-block results.
 //
-// Beyond vLLM: every block carries an XXH3 integrity record outside the .bin (transfer/fs_file.h);
-// a load verifies it, and a torn, truncated, bit-flipped or symlinked file is a miss, is removed,
-// and is reported per block (kCorrupt). Scan rebuilds the tier's contents from disk (the manager's
-// reconcile) validating every name. No symlink is followed under root_dir; hashes are validated
-// before they become path components; files 0600 and directories 0700 by default.
+// Beyond vLLM: every block carries an XXH3 integrity record outside the .bin (transfer/fs_file.h)
+// that also names the block (namespace, rank, group, hash); a load verifies it, and a torn,
+// truncated, bit-flipped, misfiled (renamed over another block's name), FIFO or symlinked file is a
+// miss, is removed, is reported per block (kCorrupt) and counted (corrupt_blocks, misfiled_blocks).
+// Scan rebuilds the tier's contents from disk (the manager's reconcile) validating every name. No
+// symlink is followed under root_dir; hashes are validated before they become path components;
+// files 0600 and directories 0700 by default.
 //
 // Thread-safety: all methods are thread-safe. The host region must outlive the tier; a job's
 // rows must not be touched by the caller until the job is returned by GetFinished.
@@ -51,6 +53,7 @@ struct FsBlockResult {
   FsBlockOutcome outcome = FsBlockOutcome::kError;
   Status status;          // for kCorrupt / kError: what went wrong
   bool verified = false;  // load: the integrity record matched
+  bool misfiled = false;  // load, kCorrupt: the file's record names another block
 };
 
 struct FsJobResult {
@@ -98,6 +101,11 @@ class FsTier {
   // .bin files whose size is not row_stride, and lists the rest. Symlinks are reported, never
   // followed.
   Result<FsScanResult> Scan(double temp_age_seconds = 0);
+
+  // Loads that found a damaged file (size, short read, checksum, malformed record, symlink,
+  // FIFO ...) / a whole file whose record names another block. Both removed and served as misses.
+  uint64_t corrupt_blocks() const;
+  uint64_t misfiled_blocks() const;
 
   const std::string& namespace_name() const { return ns_name_; }
   std::string rank_dir() const;  // root_dir/<namespace>_r<rank>

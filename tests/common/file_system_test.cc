@@ -1,8 +1,15 @@
 #include "common/file_system.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <future>
 
 #include "tests/testing/temp_dir.h"
 
@@ -75,6 +82,67 @@ TEST(FileSystemTest, ErrorsNameThePathAndNeverFollowSymlinks) {
   EXPECT_FALSE(fs->NewSequentialFile(link).ok());
   EXPECT_FALSE(fs->CreateDirs(target, {}).ok());  // exists and is not a directory
   EXPECT_EQ(JoinPath("a/", "/b"), "a/b");
+}
+
+// Issue 10 item 12: a FIFO named like a file kvo reads (a journal segment, config.json) blocked
+// the open forever. Every open is now non-blocking and refuses anything but a regular file, naming
+// the path. Bounded: an open that does not return in 20 s fails the test (opening the FIFO's other
+// end releases it).
+TEST(FileSystemTest, FifoIsAnErrorNamingThePathNotAHang) {
+  testing::TempDir tmp;
+  FileSystem* fs = DefaultFileSystem();
+  const std::string fifo = JoinPath(tmp.path(), "00000000000000000000.kvj");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto bounded = [&](auto op, int release_flags) {
+    auto f = std::async(std::launch::async, op);
+    if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << "open of a FIFO blocked";
+      int fd = ::open(fifo.c_str(), release_flags | O_NONBLOCK);
+      if (fd >= 0) ::close(fd);
+    }
+    return f.get();
+  };
+  Status read = bounded([&] { return fs->NewSequentialFile(fifo).status(); }, O_WRONLY);
+  EXPECT_EQ(read.code(), StatusCode::kFailedPrecondition) << read.ToString();
+  EXPECT_NE(read.message().find(fifo), std::string::npos) << read.ToString();
+  EXPECT_NE(read.message().find("FIFO"), std::string::npos) << read.ToString();
+  Status all = bounded([&] { return fs->ReadFile(fifo).status(); }, O_WRONLY);
+  EXPECT_EQ(all.code(), StatusCode::kFailedPrecondition) << all.ToString();
+  Status append = bounded([&] { return fs->NewAppendableFile(fifo, {}).status(); }, O_RDONLY);
+  EXPECT_EQ(append.code(), StatusCode::kFailedPrecondition) << append.ToString();
+  EXPECT_NE(append.message().find(fifo), std::string::npos) << append.ToString();
+  // A directory under a file's name: also refused by name.
+  const std::string dir = JoinPath(tmp.path(), "d");
+  ASSERT_TRUE(fs->CreateDirs(dir, {}).ok());
+  Status d = fs->NewSequentialFile(dir).status();
+  EXPECT_FALSE(d.ok());
+  EXPECT_NE(d.message().find(dir), std::string::npos) << d.ToString();
+}
+
+// Issue 10 item 12: a temp dir that cannot be created said only "cannot create a temp dir". The
+// status now names the path tried and the errno text.
+TEST(FileSystemTest, ScopedTempDirFailureNamesPathAndErrno) {
+  testing::TempDir tmp;
+  const std::string file = JoinPath(tmp.path(), "not-a-dir");
+  std::ofstream(file) << "x";
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  ::setenv("TMPDIR", file.c_str(), 1);
+  ScopedTempDir scratch("x");
+  if (old != nullptr) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  EXPECT_TRUE(scratch.path().empty());
+  ASSERT_FALSE(scratch.status().ok());
+  EXPECT_NE(scratch.status().message().find(file + "/kvo-x-"), std::string::npos)
+      << scratch.status().ToString();
+  EXPECT_NE(scratch.status().message().find(std::strerror(ENOTDIR)), std::string::npos)
+      << scratch.status().ToString();
+  ScopedTempDir fine("y");
+  EXPECT_FALSE(fine.path().empty());
+  EXPECT_TRUE(fine.status().ok());
 }
 
 }  // namespace

@@ -107,6 +107,24 @@ TEST(PlannerTest, ManagerWithRoomForEverythingReachesTheMaximum) {
   }
 }
 
+// Issue 10 item 12: `kvo plan --capacity-tokens 3e14 --block-tokens 1` aborted on a CHECK (a
+// manager of 3e14 blocks). A capacity above the trace's distinct blocks is the unbounded answer.
+TEST(PlannerTest, HugeCapacityIsTheUnboundedAnswerNotACrash) {
+  std::vector<TraceRequest> trace;
+  for (uint64_t i = 0; i < 100; ++i) trace.push_back(Req(3, {i % 5, 50 + i % 9, 1000 + i}));
+  PlanPoint max = TheoreticalMaximum(trace, 1);
+  for (const char* policy : {"lru", "arc"}) {
+    for (uint64_t blocks :
+         {uint64_t{300'000'000'000'000}, uint64_t{3'000'000'000}, max.capacity_blocks + 1}) {
+      auto p = SimulateCapacity(trace, policy, blocks, 1);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      EXPECT_EQ(p->hit_tokens, max.hit_tokens) << policy << " " << blocks;
+      EXPECT_EQ(p->blocks_evicted, 0u);
+      EXPECT_EQ(p->capacity_blocks, blocks);  // reported as asked
+    }
+  }
+}
+
 TEST(PlannerTest, LruAtSmallCapacityByHand) {
   // Capacity 2 blocks of 1 token. r0 stores 1 then 2 (LRU order 1,2); r1 hits 1 and its touch
   // makes 1 most recent (2,1); r2 stores 3 evicting 2; r3 hits 1; r4 misses 2.

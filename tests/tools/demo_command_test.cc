@@ -24,6 +24,13 @@ TEST(DemoCommandTest, RunsThePipelineEndToEnd) {
     EXPECT_TRUE(Has(r.out, std::string("indexer source ") + engine + ": hash parity ok")) << r.out;
   }
   EXPECT_TRUE(Has(r.out, "every loaded block verified")) << r.out;
+  // Issue 10 item 12: the file tier's root_dir was created 0755 (umask); it is private.
+  for (const char* engine : {"engine-a", "engine-b"}) {
+    const size_t at = r.out.find(std::string("# ") + engine + ": file tier root_dir ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    EXPECT_TRUE(Has(line, "(mode 0700)")) << line;
+  }
   // Conversation 0 lives on engine-a: its whole history (58 blocks), on three tiers.
   const size_t answer = r.out.find("engine-a  prefix  58 blocks");
   ASSERT_NE(answer, std::string::npos) << r.out;
@@ -42,6 +49,17 @@ TEST(DemoCommandTest, RunsThePipelineEndToEnd) {
   const std::string line = r.out.substr(after, r.out.find('\n', after) - after);
   EXPECT_FALSE(Has(line, "CPU=")) << line;
   EXPECT_TRUE(Has(line, "STORAGE=58")) << line;
+}
+
+// Issue 10 item 12: with an unusable $TMPDIR the demo said "cannot create a temp dir", naming
+// neither the path nor the reason.
+TEST(DemoCommandTest, UnusableTmpdirIsNamedWithTheReason) {
+  const std::string bad = "/proc/version";  // a file, not a directory: ENOTDIR
+  const testing::CommandResult r =
+      testing::RunCommand({"/usr/bin/env", "TMPDIR=" + bad, KVO_BINARY, "demo"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(Has(r.err, bad + "/kvo-demo-")) << r.err;
+  EXPECT_TRUE(Has(r.err, "Not a directory")) << r.err;
 }
 
 }  // namespace

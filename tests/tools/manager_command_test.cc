@@ -170,5 +170,21 @@ TEST(ManagerCommandTest, BadFlagsFail) {
   EXPECT_NE(RunOps({"--policy", "lru"}, "").exit_code, 0);  // --num-blocks is required
 }
 
+// Issue 10 item 12: --num-blocks 3000000000 aborted on a CHECK in the policy table; now an error
+// naming the flag, before anything runs.
+TEST(ManagerCommandTest, TooManyBlocksIsAnErrorNamingTheFlag) {
+  kvo::testing::TempDir dir;
+  const std::string path = dir.path() + "/ops.jsonl";
+  std::ofstream(path) << "";
+  const testing::CommandResult c = testing::RunCommand(
+      {KVO_BINARY, "manager", "ops", "--num-blocks", "3000000000", "--ops", path});
+  EXPECT_GT(c.code, 0) << c.err;  // an exit status, not a signal
+  EXPECT_NE(c.err.find("--num-blocks"), std::string::npos) << c.err;
+  EXPECT_EQ(c.err.find("CHECK"), std::string::npos) << c.err;
+  const testing::CommandResult ok =
+      testing::RunCommand({KVO_BINARY, "manager", "ops", "--num-blocks", "1000", "--ops", path});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 }  // namespace
 }  // namespace kvo

@@ -13,11 +13,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <set>
 #include <sstream>
 
 #include "tests/testing/temp_dir.h"
+#include "transfer/fs_file.h"
 
 namespace kvo {
 namespace {
@@ -194,6 +196,184 @@ TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
   EXPECT_EQ(RunJob(t, true, {keys[1]}, {1}).blocks[0].outcome, FsBlockOutcome::kOk);
   EXPECT_EQ(RunJob(t, false, {keys[1]}, {5}).blocks[0].outcome, FsBlockOutcome::kOk);
   EXPECT_TRUE(rows.Matches(5, 8));
+}
+
+// Issue 10 item 5: the record bound the bytes only, so a .bin renamed over another block's name
+// (with its record: an xattr moves with the inode; a sidecar moved beside it) was served as that
+// block. The record now names the block (namespace, rank, group, hash): misfiled = miss, removed,
+// counted, never served.
+TEST_P(FsTierTest, MisfiledBlocksAreMissesNeverServed) {
+  Rows rows(8);
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsTier& t = **tier;
+  // A, B, and A's hash in group 1; later a rank-1 tier of the same namespace and another namespace.
+  const FsBlockKey a = Key(40), b = Key(41), a_g1 = FsBlockKey{Key(40).hex, 1};
+  for (uint64_t i = 0; i < 3; ++i) rows.Fill(i, 400 + i);
+  ASSERT_TRUE(RunJob(t, true, {a, b, a_g1}, {0, 1, 2}).success);
+  auto move = [&](const std::string& from, const std::string& to) {
+    stdfs::create_directories(stdfs::path(to).parent_path());
+    stdfs::rename(from, to);
+    if (GetParam()) stdfs::rename(from + ".kvo", to + ".kvo");  // the record travels too
+  };
+  // A's file over B's name; A's group-1 copy over A's group-0 name.
+  move(BlockPath(t, dir_.path(), a), BlockPath(t, dir_.path(), b));
+  move(BlockPath(t, dir_.path(), a_g1), BlockPath(t, dir_.path(), a));
+  std::memset(rows.mem, 0, rows.num * rows.stride);
+  FsJobResult ld = RunJob(t, false, {b, a, a_g1}, {4, 5, 6});
+  EXPECT_FALSE(ld.success);
+  for (int i : {0, 1}) {
+    EXPECT_EQ(ld.blocks[i].outcome, FsBlockOutcome::kCorrupt) << i;
+    EXPECT_TRUE(ld.blocks[i].misfiled) << i;
+    EXPECT_NE(ld.blocks[i].status.message().find("misfiled"), std::string::npos)
+        << ld.blocks[i].status.ToString();
+  }
+  EXPECT_EQ(ld.blocks[2].outcome, FsBlockOutcome::kMiss);  // moved away
+  EXPECT_FALSE(rows.Matches(4, 400));                      // A's bytes were not served as B
+  EXPECT_FALSE(rows.Matches(5, 402));
+  EXPECT_EQ(t.misfiled_blocks(), 2u);
+  EXPECT_EQ(t.corrupt_blocks(), 0u);
+  EXPECT_FALSE(t.Exists(a));
+  EXPECT_FALSE(t.Exists(b));
+  // The names are free again: storing the right blocks works, and they load.
+  for (uint64_t i = 0; i < 2; ++i) rows.Fill(i, 400 + i);
+  ASSERT_TRUE(RunJob(t, true, {a, b}, {0, 1}).success);
+  ld = RunJob(t, false, {a, b}, {4, 5});
+  EXPECT_TRUE(ld.success);
+  EXPECT_TRUE(rows.Matches(4, 400));
+  EXPECT_TRUE(rows.Matches(5, 401));
+
+  // Another rank of the same namespace, and another namespace under the same root.
+  FsTierOptions r1 = Opts();
+  r1.rank = 1;
+  auto tier1 = FsTier::Open(r1, rows.region());
+  ASSERT_TRUE(tier1.ok());
+  FsTierOptions other = Opts();
+  other.fields.model_name = "other-model";
+  auto tier2 = FsTier::Open(other, rows.region());
+  ASSERT_TRUE(tier2.ok());
+  const std::string path1 = dir_.path() + "/" + FsBlockRelativePath(t.namespace_name(), 1, a);
+  const std::string path2 =
+      dir_.path() + "/" + FsBlockRelativePath((*tier2)->namespace_name(), 0, a);
+  move(BlockPath(t, dir_.path(), a), path1);
+  move(BlockPath(t, dir_.path(), b), path2);
+  EXPECT_TRUE((*tier1)->Exists(a));
+  ld = RunJob(**tier1, false, {a}, {6});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_TRUE(ld.blocks[0].misfiled);
+  ld = RunJob(**tier2, false, {a}, {6});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_TRUE(ld.blocks[0].misfiled);
+  EXPECT_EQ((*tier1)->misfiled_blocks() + (*tier2)->misfiled_blocks(), 2u);
+}
+
+// schemas/fs_tier_format.md's test vector: the identity is XXH3-64 of exactly these bytes, and
+// version-2 records round-trip; version 1 decodes without an identity.
+TEST(FsRecordFormatTest, IdentityTestVectorAndVersions) {
+  static constexpr char kBytes[] =
+      "kvo.block\0test-model_de3bba26cf36\0003\0002\0000001020304050607";
+  static_assert(sizeof(kBytes) - 1 == 54);
+  const uint64_t want = fs_internal::Xxh3(kBytes, sizeof(kBytes) - 1);
+  EXPECT_EQ(
+      fs_internal::BlockIdentity("test-model_de3bba26cf36", 3, FsBlockKey{"0001020304050607", 2}),
+      want);
+  EXPECT_NE(
+      fs_internal::BlockIdentity("test-model_de3bba26cf36", 3, FsBlockKey{"0001020304050607", 1}),
+      want);
+  fs_internal::IntegrityRecord r;
+  r.length = 8192;
+  r.xxh3 = 0x1122334455667788ull;
+  r.identity = want;
+  const std::string v2 = fs_internal::EncodeRecord(r);
+  ASSERT_EQ(v2.size(), fs_internal::kRecordBytes);
+  EXPECT_EQ(v2.substr(0, 8), std::string("kvo2\0\0\0\0", 8));
+  auto back = fs_internal::DecodeRecord(v2);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->version, 2u);
+  EXPECT_EQ(back->identity, want);
+  EXPECT_EQ(back->length, 8192u);
+  r.version = 1;
+  auto v1 = fs_internal::DecodeRecord(fs_internal::EncodeRecord(r));
+  ASSERT_TRUE(v1.has_value());
+  EXPECT_EQ(v1->version, 1u);
+  EXPECT_EQ(v1->identity, 0u);
+  EXPECT_FALSE(fs_internal::DecodeRecord(v2.substr(0, 24)).has_value());  // "kvo2" of v1's size
+  std::string flagged = v2;
+  flagged[4] = 1;
+  EXPECT_FALSE(fs_internal::DecodeRecord(flagged).has_value());
+}
+
+// Version-1 records (kvo before identities) are read as before: bytes verified, identity unknown,
+// like a vLLM-written block; with require_checksum they are a miss (removed, so the next store
+// writes a version-2 record).
+TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
+  Rows rows(2);
+  FsTierOptions o = Opts();
+  std::string path;
+  {
+    auto tier = FsTier::Open(o, rows.region());
+    ASSERT_TRUE(tier.ok());
+    path = BlockPath(**tier, dir_.path(), Key(6));
+  }
+  stdfs::create_directories(stdfs::path(path).parent_path());
+  rows.Fill(0, 66);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(rows.row(0)), kRow);
+  fs_internal::IntegrityRecord v1;
+  v1.version = 1;
+  v1.length = kRow;
+  v1.xxh3 = fs_internal::Xxh3(rows.row(0), kRow);
+  const std::string rec = fs_internal::EncodeRecord(v1);
+  ASSERT_EQ(rec.size(), fs_internal::kRecordBytesV1);
+  if (GetParam()) {
+    std::ofstream(path + ".kvo", std::ios::binary) << rec;
+  } else {
+    ASSERT_EQ(::setxattr(path.c_str(), fs_internal::kXattrName, rec.data(), rec.size(), 0), 0);
+  }
+  {
+    auto tier = FsTier::Open(o, rows.region());
+    ASSERT_TRUE(tier.ok());
+    FsJobResult ld = RunJob(**tier, false, {Key(6)}, {1});
+    EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kOk);
+    EXPECT_TRUE(ld.blocks[0].verified);
+    EXPECT_TRUE(rows.Matches(1, 66));
+  }
+  o.require_checksum = true;
+  auto tier = FsTier::Open(o, rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsJobResult ld = RunJob(**tier, false, {Key(6)}, {1});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_FALSE(stdfs::exists(path));
+  ASSERT_TRUE(RunJob(**tier, true, {Key(6)}, {0}).success);
+  ld = RunJob(**tier, false, {Key(6)}, {1});
+  EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kOk);
+  EXPECT_TRUE(ld.blocks[0].verified);
+}
+
+// Issue 10 item 12: a FIFO under a block's name blocked a read thread in open() forever. Now a
+// corrupt miss. Bounded: if the load does not finish, the FIFO is opened for writing (which
+// releases the blocked reader) and the test fails.
+TEST_P(FsTierTest, FifoUnderABlockNameIsCorruptNotAHang) {
+  Rows rows(2);
+  auto tier = FsTier::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok());
+  FsTier& t = **tier;
+  const std::string path = BlockPath(t, dir_.path(), Key(9));
+  stdfs::create_directories(stdfs::path(path).parent_path());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto id = t.SubmitLoad({Key(9)}, {0});
+  ASSERT_TRUE(id.ok());
+  auto done = std::async(std::launch::async, [&] { return t.Wait(*id); });
+  if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "a load of a FIFO did not finish in 20 s";
+    int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // releases the blocked open
+    if (fd >= 0) ::close(fd);
+  }
+  ASSERT_TRUE(done.get().ok());
+  std::vector<FsJobResult> out;
+  t.GetFinished(&out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].blocks[0].outcome, FsBlockOutcome::kCorrupt);
+  EXPECT_NE(out[0].blocks[0].status.message().find("not a regular file"), std::string::npos);
 }
 
 TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
@@ -489,7 +669,7 @@ TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
         break;
       }
       case 4: {  // the record of another block's content
-        char other[24];
+        char other[fs_internal::kRecordBytes];
         rows.Fill(1, content + 1000);
         auto id = t.SubmitStore({Key(1000 + static_cast<uint64_t>(iter))}, {1});
         ASSERT_TRUE(id.ok());
@@ -497,7 +677,8 @@ TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
         std::vector<FsJobResult> ignore;
         t.GetFinished(&ignore);
         const std::string p2 = BlockPath(t, dir.path(), Key(1000 + static_cast<uint64_t>(iter)));
-        ASSERT_EQ(::getxattr(p2.c_str(), "user.kvo.xxh3", other, sizeof(other)), 24);
+        ASSERT_EQ(::getxattr(p2.c_str(), "user.kvo.xxh3", other, sizeof(other)),
+                  static_cast<ssize_t>(sizeof(other)));
         ASSERT_EQ(::setxattr(path.c_str(), "user.kvo.xxh3", other, sizeof(other), 0), 0);
         break;
       }
