@@ -167,7 +167,7 @@ class KvoOffloadingSpec(_base.OffloadingSpec):
             self._kvo_config, enable_kv_cache_events=bool(self.config.enable_kv_cache_events),
             data_parallel_rank=self.config.parallel.data_parallel_index,
             cpu_rows=rows, **_geometry(self.config), **_run_kwargs(self.config))
-        return KvoManager(m)
+        return KvoManager(m, int(self._kvo_config.get("store_threshold") or 0))
 
     def get_worker(self, kv_caches):
         return KvoWorker(self, kv_caches)
@@ -190,8 +190,11 @@ def _run_kwargs(config) -> dict:
 class KvoManager(_base.OffloadingManager):
     """vLLM's OffloadingManager over kvo.OffloadManager (vLLM types in, vLLM types out)."""
 
-    def __init__(self, manager: kvo.OffloadManager):
+    medium = _base.Medium.CPU
+
+    def __init__(self, manager: kvo.OffloadManager, store_threshold: int = 0):
         self._m = manager
+        self._store_threshold = store_threshold
         self._last = None  # the stats of the previous get_stats (kvo's counters are cumulative)
 
     @property
@@ -258,13 +261,18 @@ class KvoManager(_base.OffloadingManager):
         stats.set_gauge("vllm:kv_offload_cpu_cache_write_usage_perc", s["write_usage"])
         stats.set_gauge("vllm:kv_offload_cpu_cache_read_usage_perc", s["read_usage"])
         bounds = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+        values = []
         for i, n in enumerate(s["allocation_buckets"]):
             n -= last["allocation_buckets"][i] if last else 0
-            for _ in range(n):
-                stats.observe_histogram("vllm:kv_offload_cpu_allocation_size", bounds[i])
-        skipped = s["stores_skipped"] - (last["stores_skipped"] if last else 0)
-        if skipped:
-            stats.increase_counter("vllm:kv_offload_stores_skipped", skipped)
+            values += [bounds[i]] * n
+        if values:  # keep the sum exact: the last sample carries the difference
+            values[-1] += (s["allocation_sum"] - (last["allocation_sum"] if last else 0)
+                           - sum(values))
+        for v in values:
+            stats.observe_histogram("vllm:kv_offload_cpu_allocation_size", v)
+        if self._store_threshold >= 2:
+            stats.increase_counter("vllm:kv_offload_stores_skipped",
+                                   s["stores_skipped"] - (last["stores_skipped"] if last else 0))
         return stats
 
     def shutdown(self):

@@ -318,7 +318,6 @@ class PyManager {
  public:
   PyManager(size_t num_blocks, const std::string& eviction_policy, int64_t store_threshold,
             size_t max_tracker_size, bool enable_events, bool track_blocks) {
-    if (num_blocks == 0) throw py::value_error("num_blocks: must be positive");
     ManagerOptions o;
     o.num_blocks = num_blocks;
     o.eviction_policy = eviction_policy;

@@ -129,8 +129,10 @@ def test_bad_collections_and_contexts():
         m.touch(5)
     with pytest.raises(TypeError, match="req_context"):
         m.lookup(key(1), 5)
-    with pytest.raises(ValueError, match="num_blocks"):
-        kvo.OffloadManager(0)
+    with pytest.raises(TypeError):
+        kvo.OffloadManager(-1)
+    empty = kvo.OffloadManager(0)  # vLLM allows a zero-capacity tier: nothing can be stored
+    assert empty.prepare_store([key(1)]) is None
     with pytest.raises(ValueError, match="keys"):
         m.lookup_prefix_packed(b"x" * 13, 12)
     # generators and sets are collections too
