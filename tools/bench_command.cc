@@ -23,6 +23,10 @@ int RunPythonBench(const bench::BenchOptions& options) {
     path += ":" + std::string(old);
   }
   setenv("PYTHONPATH", path.c_str(), 1);
+#ifdef KVO_PYTHON_PRELOAD  // a sanitizer build: the module needs the runtime loaded first
+  setenv("LD_PRELOAD", KVO_PYTHON_PRELOAD, 1);
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+#endif
   std::vector<std::string> args = {KVO_PYTHON_EXECUTABLE, "-m", "kvo.bench", "--seconds",
                                    std::to_string(options.seconds_per_case)};
   if (options.json) args.push_back("--json");

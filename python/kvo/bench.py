@@ -228,6 +228,7 @@ def bench_fs(row, seconds, quick):
         rv = np.frombuffer(rows, dtype=np.uint8)
         rv[:] = np.frombuffer(random.Random(3).randbytes(len(rows)), dtype=np.uint8)
         root = os.path.join(tmp, "fs")
+        os.makedirs(root)
         cfg = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": k * row,
                "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
                                     "n_write_threads": 4}]}

@@ -34,6 +34,9 @@
 #include "transfer/fs_namespace.h"
 #include "transfer/kv_layout.h"
 #include "transfer/transfer_engine.h"
+#ifdef KVO_PY_WITH_CUDA  // set by python/CMakeLists.txt when transfer/cuda is built
+#include "transfer/cuda/cuda_engine.h"
+#endif
 
 namespace py = pybind11;
 
@@ -778,6 +781,10 @@ using namespace kvo::python;  // NOLINT(build/namespaces)
 
 PYBIND11_MODULE(_kvo, m) {
   m.doc() = "kvo's C++ offload manager, file tier and transfer engine (see the kvo package)";
+#ifdef KVO_PY_WITH_CUDA
+  // "cuda" in the engine registry (its entry points answer Unavailable without a driver).
+  kvo::cuda::RegisterCudaTransferEngine().IgnoreError();
+#endif
 
   static py::exception<std::runtime_error> contract(m, "ContractError", PyExc_RuntimeError);
   g_contract_error = contract.ptr();
