@@ -318,15 +318,16 @@ class KvoWorker(_base.OffloadingWorker):
                   for refs in kv_caches.group_data_refs]
         world = int(cfg.parallel.world_size)
         num_workers = 1 if spec.replicated_layout else world
-        stream = 0
+        stream, device = 0, 0
         if engine == "cuda":
             import torch  # only with CUDA tensors
-            stream = int(torch.cuda.current_stream().cuda_stream)
+            device = int(kv_caches.tensors[0].tensor.device.index or 0)
+            stream = int(torch.cuda.current_stream(device).cuda_stream)
         self._rows = spec._cpu_rows()
         self._engine = _kvo.TransferEngine(
             engine, tensors, groups, spec.blocks_per_chunk, num_workers,
             int(cfg.parallel.rank) % num_workers, mmap.PAGESIZE, self._rows,
-            num_threads=num_threads, compute_stream=stream)
+            num_threads=num_threads, compute_stream=stream, device=device)
         if self._engine.row_stride != spec.row_bytes:
             raise ValueError(f"kv_caches: rows of {self._engine.row_stride} bytes, the config "
                              f"gives {spec.row_bytes}")

@@ -1,4 +1,5 @@
 """kvo.vllm against the stand-in of vLLM's offloading interface (tests/standin)."""
+import json
 import os
 import shutil
 import subprocess
@@ -156,3 +157,39 @@ def test_older_vllm_is_named(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode != 0
     assert "0.23.1" in out.stderr and "kvo.vllm matches vLLM main as of 2026-08" in out.stderr
+
+
+def _readme_configs():
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    text = open(readme).read()
+    import re
+    return [json.loads(m.group(1).replace("\n", " "))
+            for m in re.finditer(r"--kv-transfer-config '(.*?)'", text, re.S)]
+
+
+def test_readme_configs_load_through_the_factory(vllm_standin, tmp_path):
+    """Both --kv-transfer-config forms the README shows load through vLLM's factory path."""
+    from vllm.v1.kv_offload import base
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    configs = _readme_configs()
+    assert len(configs) == 2
+    kinds = []
+    for i, cfg in enumerate(configs):
+        assert cfg["kv_connector"] == "OffloadingConnector"
+        extra = dict(cfg["kv_connector_extra_config"])
+        extra["cpu_bytes_to_use"] = 16 * 16384  # the README's 64 GB, scaled down
+        extra["rows_dir"] = str(tmp_path)
+        for t in extra.get("secondary_tiers", []):
+            t["root_dir"] = str(tmp_path / f"fs{i}")
+        spec = OffloadingSpecFactory.create_spec(
+            make_offloading_config(extra, engine_id=f"readme-{i}"))
+        kinds.append(type(spec).__name__)
+        if type(spec).__name__ == "KvoOffloadingSpec":
+            m = spec.get_manager()
+            ctx = base.ReqContext(req_id="r")
+            assert m.lookup(key(1), ctx) in (base.LookupResult.MISS, base.LookupResult.RETRY)
+            m.shutdown()
+        else:
+            assert [type(t).__name__ for t in spec.secondary_tiers] == ["KvoFsTier"]
+            spec.secondary_tiers[0].shutdown()
+    assert kinds == ["KvoOffloadingSpec", "TieringOffloadingSpec"]
