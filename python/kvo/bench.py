@@ -10,8 +10,10 @@ Cases (each prints kvo's figure, the baseline's, their ratio and the issue's tar
   prefix_scan     one lookup_prefix call over 4096 stored keys (list of bytes; and one packed
                   buffer), keys/s; the baseline is the per-key lookup loop vLLM's scheduler runs
   fs_store_64k / fs_load_64k / fs_store_2m / fs_load_2m
-                  KvoFsTier-style store and load (kvo's file tier through the extension) vs plain
-                  sequential file I/O of the same bytes (one file per block, write / read)
+                  KvoFsTier-style store and load (kvo's file tier through the extension: temp
+                  file + rename + integrity record per block, verified reads) vs plain sequential
+                  file I/O of the same bytes (one file per block, open/write/close and
+                  open/read/close, O_DIRECT when the file system takes it, as the tier does)
 Figures depend on the build: measure a Release build (-DCMAKE_BUILD_TYPE=Release); a sanitizer
 build's figures are only a smoke run.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import random
 import shutil
@@ -267,18 +270,29 @@ def bench_fs(row, seconds, quick):
 
         base = os.path.join(tmp, "plain")
         os.makedirs(base)
-        mv = memoryview(rows)
+        # The same bytes in page-aligned memory, one file per block, O_DIRECT as the tier uses
+        # it (it probes and uses O_DIRECT by default; buffered where O_DIRECT is refused).
+        aligned = mmap.mmap(-1, k * row)
+        aligned[:] = rows
+        mv = memoryview(aligned)
+        direct = getattr(os, "O_DIRECT", 0)
+        try:
+            fd = os.open(os.path.join(base, "probe"), os.O_WRONLY | os.O_CREAT | direct, 0o600)
+            os.write(fd, mv[:row])
+            os.close(fd)
+        except OSError:
+            direct = 0
 
         def plain_write():
             for i in range(k):
-                fd = os.open(os.path.join(base, f"{i}.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                             0o644)
+                fd = os.open(os.path.join(base, f"{i}.bin"),
+                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o600)
                 os.write(fd, mv[i * row:(i + 1) * row])
                 os.close(fd)
 
         def plain_read():
             for i in range(k):
-                fd = os.open(os.path.join(base, f"{i}.bin"), os.O_RDONLY)
+                fd = os.open(os.path.join(base, f"{i}.bin"), os.O_RDONLY | direct)
                 os.readv(fd, [mv[i * row:(i + 1) * row]])
                 os.close(fd)
         w = _rate(plain_write, k * row, seconds)
