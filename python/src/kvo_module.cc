@@ -178,28 +178,34 @@ py::array_t<int64_t> SlotsToArray(const std::vector<int32_t>& slots) {
 
 // ---- request context -----------------------------------------------------------------------
 
-// vLLM's ReqContext (anything with .req_id and optionally .load_tier_filter), a str request id,
-// or None.
-void ContextFrom(py::handle obj, RequestContext* ctx) {
+// vLLM's ReqContext (anything with .req_id), a str request id, or None, into *ctx. The scheduler
+// passes one ReqContext object for all of a request's calls: `last` keeps the object converted
+// last (a strong reference, so its identity cannot be reused) and the conversion is skipped when
+// the same object comes again (vLLM never changes a ReqContext's req_id).
+void ContextFrom(py::handle obj, RequestContext* ctx, py::object* last) {
+  if (last != nullptr && last->ptr() == obj.ptr() && obj.ptr() != nullptr) return;
   ctx->load_tier_filter.reset();
   if (obj.is_none()) {
     ctx->req_id.clear();
-    return;
-  }
-  if (PyUnicode_Check(obj.ptr())) {
+  } else if (PyUnicode_Check(obj.ptr())) {
     ctx->req_id = obj.cast<std::string>();
-    return;
+  } else {
+    PyObject* id = PyObject_GetAttrString(obj.ptr(), "req_id");
+    if (id == nullptr) {
+      PyErr_Clear();
+      throw py::type_error(
+          "req_context: expected a ReqContext (with .req_id), a str or None, got " + TypeName(obj));
+    }
+    py::object idh = py::reinterpret_steal<py::object>(id);
+    if (!PyUnicode_Check(id)) {
+      throw py::type_error("req_context.req_id: expected str, got " + TypeName(idh));
+    }
+    ctx->req_id = idh.cast<std::string>();
   }
-  if (!py::hasattr(obj, "req_id")) {
-    throw py::type_error("req_context: expected a ReqContext (with .req_id), a str or None, got " +
-                         TypeName(obj));
-  }
-  py::object id = obj.attr("req_id");
-  if (!PyUnicode_Check(id.ptr())) {
-    throw py::type_error("req_context.req_id: expected str, got " + TypeName(id));
-  }
-  ctx->req_id = id.cast<std::string>();
+  if (last != nullptr) *last = py::reinterpret_borrow<py::object>(obj);
 }
+
+void ContextFrom(py::handle obj, RequestContext* ctx) { ContextFrom(obj, ctx, nullptr); }
 
 // ---- enums and value types -----------------------------------------------------------------
 
@@ -357,13 +363,13 @@ class PyManager {
 
   py::object Lookup(py::handle key, py::handle ctx) {
     OffloadKey k = KeyFromObject(key.ptr(), "key");
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     return LookupEnum(M().Lookup(k, ctx_));
   }
 
   py::list LookupMany(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     py::list out(keys_.size());
     for (size_t i = 0; i < keys_.size(); ++i) out[i] = LookupEnum(M().Lookup(keys_[i], ctx_));
     return out;
@@ -371,39 +377,39 @@ class PyManager {
 
   py::tuple PrefixLookup(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     OffloadManager::PrefixLookupResult r = M().MaximalPrefixLookup(keys_, ctx_);
     return py::make_tuple(r.hits, r.deferred);
   }
 
   py::tuple PrefixLookupPacked(const py::buffer& keys, size_t key_len, py::handle ctx) {
     KeysFromPacked(keys, key_len, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     OffloadManager::PrefixLookupResult r = M().MaximalPrefixLookup(keys_, ctx_);
     return py::make_tuple(r.hits, r.deferred);
   }
 
   py::array_t<int64_t> PrepareLoad(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     return SlotsToArray(Unwrap(M().PrepareLoad(keys_, ctx_)));
   }
 
   void Touch(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     M().Touch(keys_, ctx_);
   }
 
   void CompleteLoad(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     Check(M().CompleteLoad(keys_, ctx_));
   }
 
   py::object PrepareStore(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     bool ok = Unwrap(M().PrepareStore(keys_, ctx_, &store_out_));
     if (!ok) return py::none();
     PyPrepareStoreOutput out;
@@ -415,17 +421,17 @@ class PyManager {
 
   void CompleteStore(py::handle keys, py::handle ctx, bool success) {
     KeysFromIterable(keys, "keys", &keys_);
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     Check(M().CompleteStore(keys_, ctx_, success));
   }
 
   // OffloadPolicy as its vLLM value string ("block_level" | "request_level").
   std::string OnNewRequest(py::handle ctx) {
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     return M().OnNewRequest(ctx_) == OffloadPolicy::kRequestLevel ? "request_level" : "block_level";
   }
   void OnRequestFinished(py::handle ctx) {
-    ContextFrom(ctx, &ctx_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
     M().OnRequestFinished(ctx_);
   }
   void OnScheduleEnd() { M().OnScheduleEnd(); }
@@ -504,6 +510,7 @@ class PyManager {
   // Reused per call (no allocation once warm).
   std::vector<OffloadKey> keys_;
   RequestContext ctx_;
+  py::object last_ctx_;  // the request context ctx_ was converted from (ContextFrom)
   PrepareStoreOutput store_out_;
   std::vector<OffloadingEvent> events_;
 };
@@ -515,6 +522,36 @@ PyObject* g_lookup_values[4] = {};
 py::object PyManager::LookupEnum(LookupResult r) {
   return py::reinterpret_borrow<py::object>(g_lookup_values[static_cast<int>(r)]);
 }
+
+// `lookup` through CPython's vectorcall protocol: the per-key call is the scheduler's hot path and
+// pybind11's generic dispatcher costs more than the lookup itself. Positional calls land here;
+// calls with keywords go to the pybind11 method kept as `_lookup`.
+PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  try {
+    if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) || nargs < 1 || nargs > 2) {
+      py::object slow = py::reinterpret_borrow<py::object>(self).attr("_lookup");
+      return PyObject_Vectorcall(slow.ptr(), args, static_cast<size_t>(nargs), kwnames);
+    }
+    auto* inst = reinterpret_cast<py::detail::instance*>(self);
+    void* v =
+        inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
+    if (v == nullptr) throw py::type_error("OffloadManager: not initialised");
+    py::handle ctx = nargs == 2 ? py::handle(args[1]) : py::none();
+    return static_cast<PyManager*>(v)->Lookup(args[0], ctx).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef g_fast_lookup_def = {
+    "lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastLookup)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "lookup(key, req_context=None) -> LookupResult: vLLM's lookup of one key"};
 
 // ---- one file tier on its own (kvo.vllm.KvoFsTier under vLLM's CPU tier) -------------------
 
@@ -822,9 +859,11 @@ PYBIND11_MODULE(_kvo, m) {
                (e.removed ? ", removed" : "") + (e.all_cleared ? ", all_cleared" : "") + ")";
       });
 
-  py::class_<PyManager>(m, "OffloadManager",
-                        "kvo's C++ offload manager with vLLM's OffloadingManager method names and "
-                        "semantics. Keys are bytes (block hash + 4-byte big-endian group).")
+  py::class_<PyManager> manager_cls(
+      m, "OffloadManager",
+      "kvo's C++ offload manager with vLLM's OffloadingManager method names and "
+      "semantics. Keys are bytes (block hash + 4-byte big-endian group).");
+  manager_cls
       .def(py::init<size_t, const std::string&, int64_t, size_t, bool, bool>(),
            py::arg("num_blocks"), py::arg("eviction_policy") = "lru",
            py::arg("store_threshold") = 0, py::arg("max_tracker_size") = 64000,
@@ -845,7 +884,7 @@ PYBIND11_MODULE(_kvo, m) {
           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
           py::arg("enable_kv_cache_events"), py::arg("data_parallel_rank"), py::arg("run"),
           py::arg("cpu_rows"), py::arg("track_blocks"))
-      .def("lookup", &PyManager::Lookup, py::arg("key"), py::arg("req_context") = py::none())
+      .def("_lookup", &PyManager::Lookup, py::arg("key"), py::arg("req_context") = py::none())
       .def("lookup_many", &PyManager::LookupMany, py::arg("keys"),
            py::arg("req_context") = py::none())
       .def("lookup_prefix", &PyManager::PrefixLookup, py::arg("keys"),
@@ -873,6 +912,12 @@ PYBIND11_MODULE(_kvo, m) {
       .def("snapshot", &PyManager::Snapshot)
       .def("geometry", &PyManager::Geometry)
       .def("shutdown", &PyManager::Shutdown);
+  {
+    PyObject* descr =
+        PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(manager_cls.ptr()), &g_fast_lookup_def);
+    if (descr == nullptr) throw py::error_already_set();
+    manager_cls.attr("lookup") = py::reinterpret_steal<py::object>(descr);
+  }
 
   py::class_<PyEngine>(m, "TransferEngine",
                        "kvo's transfer engine over registered KV tensors and host rows")

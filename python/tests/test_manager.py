@@ -261,3 +261,25 @@ def test_property_same_answers_as_cli(rng, kvo_binary, policy):
                 want = {"error": None}
             assert got == want, f"trial {trial} op {i} {op}"
         m.check_invariants()
+
+
+def test_lookup_call_forms_and_context_cache():
+    m = kvo.OffloadManager(4)
+    store(m, [key(1)])
+    assert m.lookup(key(1)) == LookupResult.HIT
+    assert m.lookup(key=key(1)) == LookupResult.HIT
+    assert m.lookup(key(1), req_context="r") == LookupResult.HIT
+    with pytest.raises(TypeError):
+        m.lookup()
+    with pytest.raises(TypeError):
+        m.lookup(key(1), None, None)
+
+    class Ctx:
+        def __init__(self, req_id):
+            self.req_id = req_id
+    c = Ctx("a")
+    for _ in range(3):  # the same context object again: converted once
+        assert m.lookup(key(1), c) == LookupResult.HIT
+    with pytest.raises(TypeError, match="req_context.req_id"):
+        m.lookup(key(1), Ctx(5))
+    assert m.lookup(key(2), c) == LookupResult.MISS
