@@ -51,9 +51,13 @@ def _import_vllm():
 
 
 _vllm, _base = _import_vllm()
-from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
-from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
-    JobResult, SecondaryTierManager)
+try:
+    from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+    from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
+except ImportError as _e:
+    raise ImportError(
+        f"kvo.vllm matches {INTERFACE}; this vLLM {getattr(_vllm, '__version__', 'unknown')} "
+        f"lacks part of it ({_e})") from None
 
 _LOOKUP = {
     kvo.LookupResult.MISS: _base.LookupResult.MISS,
