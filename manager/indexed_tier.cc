@@ -128,7 +128,17 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
         "tier '" + options.name + "': max_bytes=" + std::to_string(options.max_bytes) +
         " is smaller than one block (" + std::to_string(options.block_bytes) + " bytes)");
   }
-  const uint64_t capacity = options.max_bytes == 0 ? 1024 : options.max_bytes / options.block_bytes;
+  uint64_t capacity = options.max_bytes == 0 ? 1024 : options.max_bytes / options.block_bytes;
+  // LRU's capacity is only a sizing hint and the table grows: a large bound (1 TB of 16 KiB
+  // blocks) must not size it up front (past its index limit that aborted the process).
+  constexpr uint64_t kMaxHint = uint64_t{1} << 20;
+  if (!options.policy_factory && options.eviction_policy == "lru") {
+    capacity = std::min(capacity, kMaxHint);
+  } else if (capacity > (uint64_t{1} << 26)) {
+    return Status::InvalidArgument("tier '" + options.name +
+                                   "': max_bytes=" + std::to_string(options.max_bytes) + " gives " +
+                                   std::to_string(capacity) + " blocks; at most 67108864");
+  }
   std::unique_ptr<CachePolicy> policy;
   if (options.policy_factory) {
     policy = options.policy_factory(static_cast<size_t>(capacity));

@@ -45,40 +45,50 @@ Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
       return Status::InvalidArgument(where + ": tier type '" + t.type +
                                      "' is not implemented by kvo (supported: fs)");
     }
-    FsTierOptions fo;
-    fo.root_dir = t.fs.root_dir;
-    fo.fields = o.run;
-    fo.fields.blocks_per_file = static_cast<uint32_t>(g.blocks_per_chunk);
-    fo.n_read_threads = static_cast<int>(t.fs.n_read_threads);
-    fo.n_write_threads = static_cast<int>(t.fs.n_write_threads);
-    Result<std::shared_ptr<FsTransport>> transport = FsTransport::Create(fo, o.cpu_rows);
-    if (!transport.ok()) {
-      return Status(transport.status().code(),
-                    where + " (root_dir '" + t.fs.root_dir + "'): " + transport.status().message());
-    }
-    IndexedTierOptions to;
-    to.name = "fs";
-    if (t.fs.locality) to.locality = std::string(TierLocalityName(*t.fs.locality));
-    to.enable_kv_events = t.fs.enable_kv_events && o.enable_kv_cache_events;
-    if (t.fs.enable_kv_events && !o.enable_kv_cache_events) {
-      KVO_LOG_WARN(
-          "{}: enable_kv_events is set but KV cache events are disabled globally; the tier "
-          "publishes nothing",
-          where);
-    }
-    to.max_bytes = t.fs.max_bytes;
-    to.block_bytes = g.row_bytes;
-    to.async_lookup = true;  // vLLM's FS tier checks files on its pool: RETRY, then the verdict
-    Result<std::unique_ptr<IndexedTier>> tier = IndexedTier::Create(to, *std::move(transport));
-    if (!tier.ok()) {
-      return Status(tier.status().code(), where + ": " + tier.status().message());
-    }
-    m.secondary_tiers.push_back(std::shared_ptr<IndexedTier>(std::move(tier).value()));
+    KVO_ASSIGN_OR_RETURN(std::shared_ptr<SecondaryTier> tier,
+                         BuildFsTier(t.fs, o.run, g, o.cpu_rows, o.enable_kv_cache_events, where));
+    m.secondary_tiers.push_back(std::move(tier));
   }
   return m;
 }
 
 }  // namespace
+
+Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const FsRunFields& run,
+                                                   const OffloadGeometry& g,
+                                                   const HostRegion& cpu_rows,
+                                                   bool enable_kv_cache_events,
+                                                   const std::string& where) {
+  FsTierOptions fo;
+  fo.root_dir = fs.root_dir;
+  fo.fields = run;
+  fo.fields.blocks_per_file = static_cast<uint32_t>(g.blocks_per_chunk);
+  fo.n_read_threads = static_cast<int>(fs.n_read_threads);
+  fo.n_write_threads = static_cast<int>(fs.n_write_threads);
+  Result<std::shared_ptr<FsTransport>> transport = FsTransport::Create(fo, cpu_rows);
+  if (!transport.ok()) {
+    return Status(transport.status().code(),
+                  where + " (root_dir '" + fs.root_dir + "'): " + transport.status().message());
+  }
+  IndexedTierOptions to;
+  to.name = "fs";
+  if (fs.locality) to.locality = std::string(TierLocalityName(*fs.locality));
+  to.enable_kv_events = fs.enable_kv_events && enable_kv_cache_events;
+  if (fs.enable_kv_events && !enable_kv_cache_events) {
+    KVO_LOG_WARN(
+        "{}: enable_kv_events is set but KV cache events are disabled globally; the tier "
+        "publishes nothing",
+        where);
+  }
+  to.max_bytes = fs.max_bytes;
+  to.block_bytes = g.row_bytes;
+  to.async_lookup = true;  // vLLM's FS tier checks files on its pool: RETRY, then the verdict
+  Result<std::unique_ptr<IndexedTier>> tier = IndexedTier::Create(to, *std::move(transport));
+  if (!tier.ok()) {
+    return Status(tier.status().code(), where + ": " + tier.status().message());
+  }
+  return std::shared_ptr<SecondaryTier>(std::move(tier).value());
+}
 
 Result<std::unique_ptr<OffloadManager>> BuildOffloadManager(const OffloadStackOptions& options) {
   KVO_ASSIGN_OR_RETURN(ManagerOptions m, StackManagerOptions(options));

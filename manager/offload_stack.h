@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "common/clock.h"
 #include "common/result.h"
@@ -23,6 +24,7 @@
 #include "events/zmq_publisher.h"
 #include "manager/config.h"
 #include "manager/offload_manager.h"
+#include "manager/secondary_tier.h"
 #include "transfer/fs_namespace.h"
 #include "transfer/kv_layout.h"
 
@@ -45,6 +47,14 @@ struct OffloadStackOptions {
   std::optional<int64_t> data_parallel_rank;
   bool track_blocks = false;
 };
+
+// One `fs` secondary tier as the stack builds it (also used alone: kvo.vllm.KvoFsTier under vLLM's
+// own CPU tier). `where` prefixes errors (e.g. "secondary_tiers[0]").
+Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const FsRunFields& run,
+                                                   const OffloadGeometry& geometry,
+                                                   const HostRegion& cpu_rows,
+                                                   bool enable_kv_cache_events,
+                                                   const std::string& where);
 
 // A fresh manager (the file tiers index what their directories already hold, announcing nothing).
 Result<std::unique_ptr<OffloadManager>> BuildOffloadManager(const OffloadStackOptions& options);

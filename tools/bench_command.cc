@@ -1,16 +1,61 @@
 // kvo bench <area> [--json]: each case prints its figure, a same-run baseline and the ratio.
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "bench/bench.h"
 #include "tools/commands.h"
 
+extern char** environ;
+
 namespace kvo::cli {
+namespace {
+
+// `kvo bench python`: the Python package's benchmark (python/kvo/bench.py) in the interpreter the
+// extension was built for, with the build tree's package on PYTHONPATH.
+int RunPythonBench(const bench::BenchOptions& options) {
+#if defined(KVO_PYTHON_EXECUTABLE) && defined(KVO_PYTHON_PATH)
+  std::string path = KVO_PYTHON_PATH;
+  if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') {
+    path += ":" + std::string(old);
+  }
+  setenv("PYTHONPATH", path.c_str(), 1);
+#ifdef KVO_PYTHON_PRELOAD  // a sanitizer build: the module needs the runtime loaded first
+  setenv("LD_PRELOAD", KVO_PYTHON_PRELOAD, 1);
+  setenv("ASAN_OPTIONS", "detect_leaks=0", 1);
+#endif
+  std::vector<std::string> args = {KVO_PYTHON_EXECUTABLE, "-m", "kvo.bench", "--seconds",
+                                   std::to_string(options.seconds_per_case)};
+  if (options.json) args.push_back("--json");
+  if (options.quick) args.push_back("--quick");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    Fail(Status::IOError("bench python: cannot start " + args[0]));
+    return 1;
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status)) return 1;
+  return WEXITSTATUS(status);
+#else
+  (void)options;
+  Fail(Status::Unavailable("bench python: kvo was built without the Python package (python/)"));
+  return 1;
+#endif
+}
+
+}  // namespace
 
 void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
-  cmd->add_option("area", *area, "events | journal | manager | transfer | fs | indexer")
+  cmd->add_option("area", *area, "events | journal | manager | transfer | fs | indexer | python")
       ->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
@@ -30,10 +75,13 @@ void AddBenchCommand(CLI::App& app) {
       SetExitCode(bench::RunFsBench(*options));
     } else if (*area == "indexer") {
       SetExitCode(bench::RunIndexerBench(*options));
+    } else if (*area == "python") {
+      SetExitCode(RunPythonBench(*options));
+      return;
     } else if (!bench::HasRegisteredBenchCases(*area)) {
       Fail(Status::InvalidArgument(
           "unknown bench area '" + *area +
-          "' (available: events, journal, manager, transfer, fs, indexer)"));
+          "' (available: events, journal, manager, transfer, fs, indexer, python)"));
     }
     if (bench::RunRegisteredBenchCases(*area, *options) != 0) SetExitCode(1);
   });

@@ -1,0 +1,999 @@
+// kvo._kvo: the Python extension (pybind11) over kvo's C++ offload manager, file tier and transfer
+// engine. The Python package (python/kvo/) re-exports it and adds the vLLM adapters (kvo.vllm).
+//
+// Binding-edge rules (python/DESIGN.md):
+// - A Status error becomes a Python exception here and nowhere else: InvalidArgument -> ValueError,
+//   FailedPrecondition -> RuntimeError (kvo.ContractError), NotFound -> FileNotFoundError, I/O ->
+//   OSError.
+// - Keys are vLLM's OffloadKey bytes: block hash (1..32 bytes) + 4-byte big-endian group. Anything
+//   else raises ValueError (TypeError for a non-bytes object) naming the argument; messages carry
+//   sizes and type names, never the caller's data.
+// - Slot ids go out as numpy int64 arrays and come in as any int sequence / array.
+// - The GIL is held for every manager call (the manager is thread-compatible: the GIL is its
+//   external mutex). Blocking engine waits release it.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/result.h"
+#include "common/status.h"
+#include "manager/config.h"
+#include "manager/offload_manager.h"
+#include "manager/offload_stack.h"
+#include "manager/secondary_tier.h"
+#include "transfer/fs_namespace.h"
+#include "transfer/kv_layout.h"
+#include "transfer/transfer_engine.h"
+#ifdef KVO_PY_WITH_CUDA  // set by python/CMakeLists.txt when transfer/cuda is built
+#include "transfer/cuda/cuda_engine.h"
+#endif
+
+namespace py = pybind11;
+
+namespace kvo::python {
+namespace {
+
+// ---- errors --------------------------------------------------------------------------------
+
+PyObject* g_contract_error = nullptr;  // kvo.ContractError (a RuntimeError)
+
+[[noreturn]] void Throw(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+      throw py::value_error(s.message());
+    case StatusCode::kNotFound:
+      PyErr_SetString(PyExc_FileNotFoundError, s.message().c_str());
+      throw py::error_already_set();
+    case StatusCode::kIOError:
+    case StatusCode::kOutOfSpace:
+    case StatusCode::kCorruption:
+      PyErr_SetString(PyExc_OSError, s.message().c_str());
+      throw py::error_already_set();
+    case StatusCode::kFailedPrecondition:
+      PyErr_SetString(g_contract_error, s.message().c_str());
+      throw py::error_already_set();
+    default:
+      throw std::runtime_error(std::string(StatusCodeName(s.code())) + ": " + s.message());
+  }
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Throw(s);
+}
+
+template <typename T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) Throw(r.status());
+  return std::move(r).value();
+}
+
+std::string TypeName(py::handle h) { return Py_TYPE(h.ptr())->tp_name; }
+
+// ---- keys ----------------------------------------------------------------------------------
+
+constexpr size_t kGroupBytes = 4;
+constexpr size_t kMaxKeyBytes = OffloadKey::kMaxHashBytes + kGroupBytes;
+
+OffloadKey KeyFromBytes(const char* p, size_t n, const char* arg) {
+  if (n <= kGroupBytes || n > kMaxKeyBytes) {
+    throw py::value_error(std::string(arg) +
+                          ": an OffloadKey is a 1..32-byte block hash + a 4-byte group (5..36 "
+                          "bytes), got " +
+                          std::to_string(n) + " bytes");
+  }
+  const auto* u = reinterpret_cast<const unsigned char*>(p + n - kGroupBytes);
+  uint32_t group = (uint32_t{u[0]} << 24) | (uint32_t{u[1]} << 16) | (uint32_t{u[2]} << 8) | u[3];
+  return OffloadKey::FromDigest(std::string_view(p, n - kGroupBytes), group);
+}
+
+OffloadKey KeyFromObject(PyObject* o, const char* arg) {
+  if (PyBytes_Check(o)) return KeyFromBytes(PyBytes_AS_STRING(o), PyBytes_GET_SIZE(o), arg);
+  if (PyByteArray_Check(o)) {
+    return KeyFromBytes(PyByteArray_AS_STRING(o), PyByteArray_GET_SIZE(o), arg);
+  }
+  throw py::type_error(std::string(arg) + ": an OffloadKey must be bytes, got " +
+                       Py_TYPE(o)->tp_name);
+}
+
+py::bytes KeyToBytes(const OffloadKey& k) {
+  char buf[kMaxKeyBytes];
+  std::string_view d = k.digest();
+  std::memcpy(buf, d.data(), d.size());
+  uint32_t g = k.group();
+  buf[d.size()] = static_cast<char>(g >> 24);
+  buf[d.size() + 1] = static_cast<char>(g >> 16);
+  buf[d.size() + 2] = static_cast<char>(g >> 8);
+  buf[d.size() + 3] = static_cast<char>(g);
+  return py::bytes(buf, d.size() + kGroupBytes);
+}
+
+py::list KeysToList(const std::vector<OffloadKey>& keys) {
+  py::list out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = KeyToBytes(keys[i]);
+  return out;
+}
+
+// Any iterable of bytes keys into *out (cleared first). Lists and tuples take the fast path.
+void KeysFromIterable(py::handle obj, const char* arg, std::vector<OffloadKey>* out) {
+  out->clear();
+  PyObject* o = obj.ptr();
+  if (PyBytes_Check(o) || PyByteArray_Check(o) || PyUnicode_Check(o)) {
+    throw py::type_error(std::string(arg) + ": expected a collection of bytes keys, got one " +
+                         Py_TYPE(o)->tp_name);
+  }
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    out->reserve(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) out->push_back(KeyFromObject(items[i], arg));
+    return;
+  }
+  py::iterator it;
+  try {
+    it = py::iter(obj);
+  } catch (py::error_already_set&) {
+    throw py::type_error(std::string(arg) + ": expected a collection of bytes keys, got " +
+                         TypeName(obj));
+  }
+  for (py::handle item : it) out->push_back(KeyFromObject(item.ptr(), arg));
+}
+
+// Packed keys: one buffer of n keys of `key_len` bytes each (the batch fast path).
+void KeysFromPacked(const py::buffer& buf, size_t key_len, const char* arg,
+                    std::vector<OffloadKey>* out) {
+  py::buffer_info info = buf.request();
+  if (info.ndim != 1 && !(info.ndim == 2 && static_cast<size_t>(info.shape[1]) == key_len)) {
+    throw py::value_error(std::string(arg) + ": a packed key buffer is 1-D bytes");
+  }
+  size_t total = static_cast<size_t>(info.size) * static_cast<size_t>(info.itemsize);
+  if (key_len <= kGroupBytes || key_len > kMaxKeyBytes || total % key_len != 0) {
+    throw py::value_error(std::string(arg) + ": " + std::to_string(total) +
+                          " bytes is not a whole number of " + std::to_string(key_len) +
+                          "-byte keys (5..36)");
+  }
+  out->clear();
+  out->reserve(total / key_len);
+  const char* p = static_cast<const char*>(info.ptr);
+  for (size_t off = 0; off < total; off += key_len)
+    out->push_back(KeyFromBytes(p + off, key_len, arg));
+}
+
+py::array_t<int64_t> SlotsToArray(const std::vector<int32_t>& slots) {
+  py::array_t<int64_t> a(static_cast<py::ssize_t>(slots.size()));
+  int64_t* d = a.mutable_data();
+  for (size_t i = 0; i < slots.size(); ++i) d[i] = slots[i];
+  return a;
+}
+
+// ---- request context -----------------------------------------------------------------------
+
+// vLLM's ReqContext (anything with .req_id), a str request id, or None, into *ctx. The scheduler
+// passes one ReqContext object for all of a request's calls: `last` keeps the object converted
+// last (a strong reference, so its identity cannot be reused) and the conversion is skipped when
+// the same object comes again (vLLM never changes a ReqContext's req_id).
+void ContextFrom(py::handle obj, RequestContext* ctx, py::object* last) {
+  if (last != nullptr && last->ptr() == obj.ptr() && obj.ptr() != nullptr) return;
+  ctx->load_tier_filter.reset();
+  if (obj.is_none()) {
+    ctx->req_id.clear();
+  } else if (PyUnicode_Check(obj.ptr())) {
+    ctx->req_id = obj.cast<std::string>();
+  } else {
+    PyObject* id = PyObject_GetAttrString(obj.ptr(), "req_id");
+    if (id == nullptr) {
+      PyErr_Clear();
+      throw py::type_error(
+          "req_context: expected a ReqContext (with .req_id), a str or None, got " + TypeName(obj));
+    }
+    py::object idh = py::reinterpret_steal<py::object>(id);
+    if (!PyUnicode_Check(id)) {
+      throw py::type_error("req_context.req_id: expected str, got " + TypeName(idh));
+    }
+    ctx->req_id = idh.cast<std::string>();
+  }
+  if (last != nullptr) *last = py::reinterpret_borrow<py::object>(obj);
+}
+
+void ContextFrom(py::handle obj, RequestContext* ctx) { ContextFrom(obj, ctx, nullptr); }
+
+// ---- enums and value types -----------------------------------------------------------------
+
+struct PyPrepareStoreOutput {
+  py::list keys_to_store;
+  py::array_t<int64_t> store_slots;
+  py::list evicted_keys;
+};
+
+struct PyEvent {
+  py::list keys;
+  std::string medium;
+  bool removed = false;
+  std::optional<std::string> locality;
+  std::string reason;
+  int32_t tier = 0;
+  bool all_cleared = false;
+};
+
+py::dict StatsDict(const ManagerStats& s) {
+  py::dict d;
+  d["usage"] = s.usage;
+  d["write_usage"] = s.write_usage;
+  d["read_usage"] = s.read_usage;
+  d["num_blocks"] = s.num_blocks;
+  d["num_allocated"] = s.num_allocated;
+  d["num_free"] = s.num_free;
+  d["num_evictable"] = s.num_evictable;
+  d["num_pending_writes"] = s.num_pending_writes;
+  d["num_stored"] = s.num_stored;
+  d["allocation_count"] = s.allocation_count;
+  d["allocation_sum"] = s.allocation_sum;
+  py::list buckets;
+  for (uint64_t b : s.allocation_buckets) buckets.append(b);
+  d["allocation_buckets"] = buckets;
+  d["stores_skipped"] = s.stores_skipped;
+  d["lookups"] = s.lookups;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["evictions"] = s.evictions;
+  d["store_failures"] = s.store_failures;
+  d["promotion_allocation_failures"] = s.promotion_allocation_failures;
+  d["promotion_job_failures"] = s.promotion_job_failures;
+  d["cascade_job_failures"] = s.cascade_job_failures;
+  d["active_promotion_jobs"] = s.active_promotion_jobs;
+  d["active_cascade_jobs"] = s.active_cascade_jobs;
+  d["events_published"] = s.events_published;
+  d["journal_bytes"] = s.journal_bytes;
+  py::list tiers;
+  for (const TierStats& t : s.tiers) {
+    py::dict td;
+    td["label"] = t.label;
+    td["block_queries"] = t.block_queries;
+    td["block_hits"] = t.block_hits;
+    td["promotion_job_failures"] = t.promotion_job_failures;
+    td["cascade_job_failures"] = t.cascade_job_failures;
+    td["active_promotion_jobs"] = t.active_promotion_jobs;
+    td["active_cascade_jobs"] = t.active_cascade_jobs;
+    td["primary_write_usage"] = t.primary_write_usage;
+    td["primary_read_usage"] = t.primary_read_usage;
+    tiers.append(td);
+  }
+  d["tiers"] = tiers;
+  return d;
+}
+
+// ---- host memory for the CPU rows ----------------------------------------------------------
+
+// The CPU rows a manager's file tiers read and write: a caller's writable buffer (kept alive), or
+// an anonymous mapping reserved lazily (no memory is touched until a tier copies into it).
+class Rows {
+ public:
+  Rows() = default;
+  Rows(const Rows&) = delete;
+  Rows& operator=(const Rows&) = delete;
+  ~Rows() {
+    if (mapped_ != nullptr) munmap(mapped_, mapped_len_);
+  }
+
+  HostRegion Adopt(py::object owner, uint64_t row_bytes, const char* arg) {
+    py::buffer buf = py::reinterpret_borrow<py::buffer>(owner);
+    py::buffer_info info = buf.request(/*writable=*/true);
+    if (!IsContiguous(info)) throw py::value_error(std::string(arg) + ": must be C-contiguous");
+    uint64_t bytes = static_cast<uint64_t>(info.size) * static_cast<uint64_t>(info.itemsize);
+    owner_ = std::move(owner);
+    return HostRegion{reinterpret_cast<uintptr_t>(info.ptr), row_bytes ? bytes / row_bytes : 0,
+                      row_bytes};
+  }
+
+  HostRegion Reserve(uint64_t num_slots, uint64_t row_bytes) {
+    uint64_t len = num_slots * row_bytes;
+    if (len == 0) return HostRegion{0, 0, row_bytes};
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("cannot reserve the CPU rows");
+    mapped_ = p;
+    mapped_len_ = len;
+    return HostRegion{reinterpret_cast<uintptr_t>(p), num_slots, row_bytes};
+  }
+
+  static bool IsContiguous(const py::buffer_info& info) {
+    py::ssize_t expect = info.itemsize;
+    for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+      if (info.shape[i] > 1 && info.strides[i] != expect) return false;
+      expect *= info.shape[i];
+    }
+    return true;
+  }
+
+ private:
+  py::object owner_;
+  void* mapped_ = nullptr;
+  size_t mapped_len_ = 0;
+};
+
+// ---- the manager ---------------------------------------------------------------------------
+
+class PyManager {
+ public:
+  PyManager(size_t num_blocks, const std::string& eviction_policy, int64_t store_threshold,
+            size_t max_tracker_size, bool enable_events, bool track_blocks) {
+    ManagerOptions o;
+    o.num_blocks = num_blocks;
+    o.eviction_policy = eviction_policy;
+    o.store_threshold = store_threshold;
+    o.max_tracker_size = max_tracker_size;
+    o.enable_events = enable_events;
+    o.track_blocks = track_blocks;
+    manager_ = Unwrap(OffloadManager::Create(std::move(o)));
+  }
+
+  // From the parsed config + geometry (OffloadStack).
+  PyManager(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
+            bool enable_kv_cache_events, std::optional<int64_t> dp_rank, py::object cpu_rows,
+            bool track_blocks) {
+    OffloadStackOptions o;
+    o.config = Unwrap(ParseOffloadConfig(config_json, kv));
+    o.geometry = Unwrap(ComputeOffloadGeometry(o.config, kv));
+    if (o.geometry.num_blocks == 0) {
+      throw py::value_error("cpu_bytes_to_use: " + std::to_string(o.config.cpu_bytes_to_use) +
+                            " bytes hold no CPU block of " + std::to_string(o.geometry.row_bytes) +
+                            " bytes");
+    }
+    o.cpu_rows = cpu_rows.is_none()
+                     ? rows_.Reserve(o.geometry.num_blocks, o.geometry.row_bytes)
+                     : rows_.Adopt(std::move(cpu_rows), o.geometry.row_bytes, "cpu_rows");
+    o.run = run;
+    o.enable_kv_cache_events = enable_kv_cache_events;
+    o.data_parallel_rank = dp_rank;
+    o.track_blocks = track_blocks;
+    geometry_ = o.geometry;
+    config_ = o.config;
+    manager_ = Unwrap(BuildOffloadManager(o));
+  }
+
+  py::object Lookup(py::handle key, py::handle ctx) {
+    OffloadKey k = KeyFromObject(key.ptr(), "key");
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    return LookupEnum(M().Lookup(k, ctx_));
+  }
+
+  py::list LookupMany(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    py::list out(keys_.size());
+    for (size_t i = 0; i < keys_.size(); ++i) out[i] = LookupEnum(M().Lookup(keys_[i], ctx_));
+    return out;
+  }
+
+  py::tuple PrefixLookup(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    OffloadManager::PrefixLookupResult r = M().MaximalPrefixLookup(keys_, ctx_);
+    return py::make_tuple(r.hits, r.deferred);
+  }
+
+  py::tuple PrefixLookupPacked(const py::buffer& keys, size_t key_len, py::handle ctx) {
+    KeysFromPacked(keys, key_len, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    OffloadManager::PrefixLookupResult r = M().MaximalPrefixLookup(keys_, ctx_);
+    return py::make_tuple(r.hits, r.deferred);
+  }
+
+  py::array_t<int64_t> PrepareLoad(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    return SlotsToArray(Unwrap(M().PrepareLoad(keys_, ctx_)));
+  }
+
+  void Touch(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    M().Touch(keys_, ctx_);
+  }
+
+  void CompleteLoad(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    Check(M().CompleteLoad(keys_, ctx_));
+  }
+
+  py::object PrepareStore(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    bool ok = Unwrap(M().PrepareStore(keys_, ctx_, &store_out_));
+    if (!ok) return py::none();
+    PyPrepareStoreOutput out;
+    out.keys_to_store = KeysToList(store_out_.keys_to_store);
+    out.store_slots = SlotsToArray(store_out_.slots);
+    out.evicted_keys = KeysToList(store_out_.evicted_keys);
+    return py::cast(std::move(out));
+  }
+
+  void CompleteStore(py::handle keys, py::handle ctx, bool success) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    Check(M().CompleteStore(keys_, ctx_, success));
+  }
+
+  // OffloadPolicy as its vLLM value string ("block_level" | "request_level").
+  std::string OnNewRequest(py::handle ctx) {
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    return M().OnNewRequest(ctx_) == OffloadPolicy::kRequestLevel ? "request_level" : "block_level";
+  }
+  void OnRequestFinished(py::handle ctx) {
+    ContextFrom(ctx, &ctx_, &last_ctx_);
+    M().OnRequestFinished(ctx_);
+  }
+  void OnScheduleEnd() { M().OnScheduleEnd(); }
+  bool HasPendingWork() { return M().HasPendingWork(); }
+  void ResetCache() { M().ResetCache(); }
+
+  py::list TakeEvents() {
+    M().TakeEvents(&events_);
+    py::list out(events_.size());
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const OffloadingEvent& e = events_[i];
+      PyEvent pe;
+      pe.keys = KeysToList(e.keys);
+      pe.medium = e.medium;
+      pe.removed = e.removed;
+      pe.locality = e.locality;
+      pe.reason = e.reason;
+      pe.tier = e.tier;
+      pe.all_cleared = e.all_cleared;
+      out[i] = py::cast(std::move(pe));
+    }
+    return out;
+  }
+
+  py::dict GetStats() { return StatsDict(M().GetStats()); }
+
+  void CheckInvariants() { Check(M().CheckInvariants()); }
+
+  py::dict Snapshot() {
+    ManagerSnapshot s = Unwrap(M().Snapshot());
+    py::dict d;
+    d["cpu"] = KeysToList(s.cpu);
+    d["storage"] = KeysToList(s.storage);
+    return d;
+  }
+
+  // The derived geometry (from_config only).
+  py::dict Geometry() const {
+    py::dict d;
+    d["blocks_per_chunk"] = geometry_.blocks_per_chunk;
+    d["tokens_per_chunk"] = geometry_.tokens_per_chunk;
+    d["hashes_per_chunk"] = geometry_.hashes_per_chunk;
+    d["num_copies"] = geometry_.num_copies;
+    d["kv_bytes_per_chunk"] = geometry_.kv_bytes_per_chunk;
+    d["row_bytes"] = geometry_.row_bytes;
+    d["num_blocks"] = geometry_.num_blocks;
+    d["offload_prompt_only"] = config_.offload_prompt_only;
+    d["self_describing_kv_events"] = config_.self_describing_kv_events;
+    py::list warnings;
+    for (const std::string& w : config_.warnings) warnings.append(w);
+    d["warnings"] = warnings;
+    return d;
+  }
+
+  // Drains the tiers' jobs and frees the manager; every later call raises.
+  void Shutdown() {
+    if (!manager_) return;
+    for (size_t i = 0; i < manager_->num_secondary_tiers(); ++i) {
+      manager_->secondary_tier(i).DrainJobs();
+    }
+    manager_.reset();
+  }
+
+ private:
+  OffloadManager& M() {
+    if (!manager_) PyErr_SetString(g_contract_error, "the manager was shut down");
+    if (!manager_) throw py::error_already_set();
+    return *manager_;
+  }
+  static py::object LookupEnum(LookupResult r);
+
+  Rows rows_;  // declared before manager_: destroyed after it
+  std::unique_ptr<OffloadManager> manager_;
+  OffloadGeometry geometry_;
+  OffloadConfig config_;
+  // Reused per call (no allocation once warm).
+  std::vector<OffloadKey> keys_;
+  RequestContext ctx_;
+  py::object last_ctx_;  // the request context ctx_ was converted from (ContextFrom)
+  PrepareStoreOutput store_out_;
+  std::vector<OffloadingEvent> events_;
+};
+
+// kvo.LookupResult members by LookupResult; owned references kept for the process's life (a
+// static py::object would be released after the interpreter is gone).
+PyObject* g_lookup_values[4] = {};
+
+py::object PyManager::LookupEnum(LookupResult r) {
+  return py::reinterpret_borrow<py::object>(g_lookup_values[static_cast<int>(r)]);
+}
+
+// `lookup` through CPython's vectorcall protocol: the per-key call is the scheduler's hot path and
+// pybind11's generic dispatcher costs more than the lookup itself. Positional calls land here;
+// calls with keywords go to the pybind11 method kept as `_lookup`.
+PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  try {
+    if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) || nargs < 1 || nargs > 2) {
+      py::object slow = py::reinterpret_borrow<py::object>(self).attr("_lookup");
+      return PyObject_Vectorcall(slow.ptr(), args, static_cast<size_t>(nargs), kwnames);
+    }
+    auto* inst = reinterpret_cast<py::detail::instance*>(self);
+    void* v =
+        inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
+    if (v == nullptr) throw py::type_error("OffloadManager: not initialised");
+    py::handle ctx = nargs == 2 ? py::handle(args[1]) : py::none();
+    return static_cast<PyManager*>(v)->Lookup(args[0], ctx).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef g_fast_lookup_def = {
+    "lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastLookup)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "lookup(key, req_context=None) -> LookupResult: vLLM's lookup of one key"};
+
+// ---- one file tier on its own (kvo.vllm.KvoFsTier under vLLM's CPU tier) -------------------
+
+class PyFsTier {
+ public:
+  PyFsTier(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
+           py::object rows, bool enable_kv_cache_events) {
+    OffloadConfig c = Unwrap(ParseOffloadConfig(config_json, kv));
+    if (c.secondary_tiers.size() != 1 || c.secondary_tiers[0].type != "fs") {
+      throw py::value_error("secondary_tiers: expected one fs tier");
+    }
+    geometry_ = Unwrap(ComputeOffloadGeometry(c, kv));
+    HostRegion region = rows_.Adopt(std::move(rows), geometry_.row_bytes, "primary_kv_view");
+    if (region.num_slots < geometry_.num_blocks || geometry_.num_blocks == 0) {
+      throw py::value_error("primary_kv_view: " + std::to_string(region.bytes()) +
+                            " bytes do not hold the CPU tier's " +
+                            std::to_string(geometry_.num_blocks) + " rows of " +
+                            std::to_string(geometry_.row_bytes) + " bytes");
+    }
+    region.num_slots = geometry_.num_blocks;
+    tier_ = Unwrap(BuildFsTier(c.secondary_tiers[0].fs, run, geometry_, region,
+                               enable_kv_cache_events, "KvoFsTier"));
+  }
+
+  py::object Lookup(py::handle key, py::handle ctx) {
+    OffloadKey k = KeyFromObject(key.ptr(), "key");
+    ContextFrom(ctx, &ctx_);
+    return py::reinterpret_borrow<py::object>(
+        g_lookup_values[static_cast<int>(T().Lookup(k, ctx_))]);
+  }
+
+  void Submit(bool store, uint64_t job_id, py::handle keys, py::handle slots, py::handle ctx) {
+    TransferJob job;
+    job.job_id = job_id;
+    KeysFromIterable(keys, "keys", &job.keys);
+    job.is_promotion = !store;
+    std::vector<int64_t> s = py::reinterpret_borrow<py::object>(slots).cast<std::vector<int64_t>>();
+    if (s.size() != job.keys.size()) {
+      throw py::value_error("block_ids: " + std::to_string(s.size()) + " slots for " +
+                            std::to_string(job.keys.size()) + " keys");
+    }
+    for (int64_t v : s) {
+      if (v < 0 || static_cast<uint64_t>(v) >= geometry_.num_blocks) {
+        throw py::value_error("block_ids: a slot outside the CPU tier's " +
+                              std::to_string(geometry_.num_blocks) + " rows");
+      }
+      job.slots.push_back(static_cast<int32_t>(v));
+    }
+    ContextFrom(ctx, &ctx_);
+    job.req_id = ctx_.req_id;
+    Check(store ? T().SubmitStore(job) : T().SubmitLoad(job));
+  }
+
+  // [(job_id, success, successful_keys | None, lost_keys)]
+  py::list TakeFinished() {
+    results_.clear();
+    T().TakeFinishedJobs(&results_);
+    py::list out;
+    for (const JobResult& r : results_) {
+      py::object ok = r.successful_keys ? py::object(KeysToList(*r.successful_keys)) : py::none();
+      out.append(py::make_tuple(r.job_id, r.success, ok, KeysToList(r.lost_keys)));
+    }
+    return out;
+  }
+
+  // [(keys, medium, removed, locality, reason)]
+  py::list TakeEvents() {
+    events_.clear();
+    T().TakeEvents(&events_);
+    py::list out;
+    for (const OffloadingEvent& e : events_) {
+      out.append(py::make_tuple(KeysToList(e.keys), e.medium, e.removed, e.locality, e.reason));
+    }
+    return out;
+  }
+
+  void Drain() {
+    py::gil_scoped_release release;
+    T().DrainJobs();
+  }
+  void Touch(py::handle keys, py::handle ctx) {
+    KeysFromIterable(keys, "keys", &keys_);
+    ContextFrom(ctx, &ctx_);
+    T().Touch(keys_, ctx_);
+  }
+  std::string OnNewRequest(py::handle ctx) {
+    ContextFrom(ctx, &ctx_);
+    return T().OnNewRequest(ctx_) == OffloadPolicy::kRequestLevel ? "request_level" : "block_level";
+  }
+  void OnRequestFinished(py::handle ctx) {
+    ContextFrom(ctx, &ctx_);
+    T().OnRequestFinished(ctx_);
+  }
+  void OnScheduleEnd() { T().OnScheduleEnd(); }
+  bool HasPendingWork() { return T().HasPendingWork(); }
+  py::list ListHeld() {
+    keys_.clear();
+    T().ListHeld(&keys_);
+    return KeysToList(keys_);
+  }
+  uint64_t row_bytes() const { return geometry_.row_bytes; }
+  uint64_t num_blocks() const { return geometry_.num_blocks; }
+  void Shutdown() {
+    if (!tier_) return;
+    Drain();
+    tier_.reset();
+  }
+
+ private:
+  SecondaryTier& T() {
+    if (!tier_) PyErr_SetString(g_contract_error, "the tier was shut down");
+    if (!tier_) throw py::error_already_set();
+    return *tier_;
+  }
+  Rows rows_;
+  std::shared_ptr<SecondaryTier> tier_;
+  OffloadGeometry geometry_;
+  std::vector<OffloadKey> keys_;
+  RequestContext ctx_;
+  std::vector<JobResult> results_;
+  std::vector<OffloadingEvent> events_;
+};
+
+// ---- the transfer engine (the worker's data path) ------------------------------------------
+
+class PyEngine {
+ public:
+  // tensors: [(data_ptr, num_blocks, block_stride, page_bytes)]; groups: [[(tensor_idx,
+  // copy_bytes)]]; rows: (base, num_slots, row_stride) of the host region.
+  PyEngine(const std::string& name,
+           const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint64_t>>& tensors,
+           const std::vector<std::vector<std::pair<uint32_t, uint64_t>>>& groups,
+           uint32_t blocks_per_chunk, uint32_t num_workers, uint32_t worker_index,
+           uint64_t host_page_size, py::object rows, int num_threads, uintptr_t compute_stream,
+           int device) {
+    KvLayoutSpec spec;
+    for (const auto& [base, n, stride, page] : tensors) {
+      spec.tensors.push_back(KvTensorLayout{base, n, stride, page});
+    }
+    for (const auto& g : groups) {
+      KvGroupLayout gl;
+      for (const auto& [t, copy] : g) gl.refs.push_back(KvGroupRef{t, copy});
+      spec.groups.push_back(std::move(gl));
+    }
+    spec.blocks_per_chunk = blocks_per_chunk;
+    spec.num_workers = num_workers;
+    spec.worker_index = worker_index;
+    spec.host_page_size = host_page_size;
+    layout_ = std::make_unique<KvLayout>(Unwrap(KvLayout::Create(std::move(spec))));
+    TransferEngineOptions eo;
+    eo.num_threads = num_threads;
+    eo.compute_stream = compute_stream;
+    eo.device = device;
+    engine_ = Unwrap(MakeTransferEngine(name, eo));
+    region_ = rows_.Adopt(std::move(rows), layout_->row_stride(), "rows");
+    Check(engine_->RegisterLayout(*layout_, region_));
+  }
+
+  uint64_t row_stride() const { return layout_->row_stride(); }
+  uint64_t num_slots() const { return region_.num_slots; }
+  std::string name() const { return std::string(engine_->name()); }
+
+  // One block-level job; returns its engine job id.
+  uint64_t Submit(bool store, std::vector<int64_t> gpu_block_ids, std::vector<uint32_t> group_sizes,
+                  std::vector<uint64_t> block_indices, std::vector<int64_t> cpu_slots) {
+    TransferRequest req;
+    req.direction = store ? TransferDirection::kGpuToCpu : TransferDirection::kCpuToGpu;
+    BlockTransferSpec spec;
+    spec.gpu_block_ids = std::move(gpu_block_ids);
+    spec.group_sizes = std::move(group_sizes);
+    spec.block_indices = std::move(block_indices);
+    spec.cpu_slots = std::move(cpu_slots);
+    req.blocks = std::move(spec);
+    return Unwrap(engine_->Submit(std::move(req)));
+  }
+
+  // [(job_id, success, bytes, seconds, error message)]
+  py::list GetFinished() {
+    results_.clear();
+    engine_->GetFinished(&results_);
+    py::list out;
+    for (const TransferResult& r : results_) {
+      out.append(py::make_tuple(r.job_id, r.success, r.bytes, r.seconds,
+                                r.success ? std::string() : r.status.ToString()));
+    }
+    return out;
+  }
+
+  // Blocks (GIL released) until the job finished; its result stays queued. False + message on a
+  // failed job.
+  py::tuple Wait(uint64_t job) {
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = engine_->Wait(job);
+    }
+    if (s.code() == StatusCode::kNotFound) return py::make_tuple(true, std::string());
+    return py::make_tuple(s.ok(), s.ok() ? std::string() : s.ToString());
+  }
+
+  void WaitAll() {
+    py::gil_scoped_release release;
+    engine_->WaitAll();
+  }
+
+ private:
+  Rows rows_;
+  std::unique_ptr<KvLayout> layout_;
+  HostRegion region_;
+  std::unique_ptr<TransferEngine> engine_;
+  std::vector<TransferResult> results_;
+};
+
+// ---- module --------------------------------------------------------------------------------
+
+KvGeometry GeometryFrom(uint64_t worker_kv_bytes_per_block, uint64_t gpu_block_size,
+                        uint64_t tokens_per_hash, uint64_t world_size, bool replicated_layout) {
+  KvGeometry g;
+  g.worker_kv_bytes_per_block = worker_kv_bytes_per_block;
+  g.gpu_block_size = gpu_block_size;
+  g.tokens_per_hash = tokens_per_hash;
+  g.world_size = world_size;
+  g.replicated_layout = replicated_layout;
+  return g;
+}
+
+FsRunFields RunFrom(const py::dict& run) {
+  FsRunFields f;
+  auto get = [&](const char* k) -> py::object {
+    return run.contains(k) ? py::reinterpret_borrow<py::object>(run[k]) : py::none();
+  };
+  if (!get("model_name").is_none()) f.model_name = get("model_name").cast<std::string>();
+  if (!get("dtype").is_none()) f.dtype = get("dtype").cast<std::string>();
+  if (!get("tokens_per_hash").is_none())
+    f.tokens_per_hash = get("tokens_per_hash").cast<uint32_t>();
+  if (!get("tp_size").is_none()) f.tp_size = get("tp_size").cast<uint32_t>();
+  if (!get("pp_size").is_none()) f.pp_size = get("pp_size").cast<uint32_t>();
+  if (!get("pcp_size").is_none()) f.pcp_size = get("pcp_size").cast<uint32_t>();
+  if (!get("dcp_size").is_none()) f.dcp_size = get("dcp_size").cast<uint32_t>();
+  if (!get("parallel_agnostic").is_none())
+    f.parallel_agnostic = get("parallel_agnostic").cast<bool>();
+  if (!get("replicated_layout").is_none())
+    f.replicated_layout = get("replicated_layout").cast<bool>();
+  if (!get("canonical_format_json").is_none()) {
+    f.canonical_format_json = get("canonical_format_json").cast<std::string>();
+  }
+  if (!get("groups").is_none()) {
+    for (py::handle g : get("groups")) {
+      py::tuple t = py::reinterpret_borrow<py::object>(g).cast<py::tuple>();
+      FsRunFields::Group grp;
+      grp.tokens_per_block = t[0].cast<uint32_t>();
+      grp.layer_names = t[1].cast<std::vector<std::string>>();
+      f.kv_cache_groups.push_back(std::move(grp));
+    }
+  }
+  return f;
+}
+
+}  // namespace
+}  // namespace kvo::python
+
+using namespace kvo;          // NOLINT(build/namespaces): the module body only
+using namespace kvo::python;  // NOLINT(build/namespaces)
+
+PYBIND11_MODULE(_kvo, m) {
+  m.doc() = "kvo's C++ offload manager, file tier and transfer engine (see the kvo package)";
+#ifdef KVO_PY_WITH_CUDA
+  // "cuda" in the engine registry (its entry points answer Unavailable without a driver).
+  kvo::cuda::RegisterCudaTransferEngine().IgnoreError();
+#endif
+
+  static py::exception<std::runtime_error> contract(m, "ContractError", PyExc_RuntimeError);
+  g_contract_error = contract.ptr();
+
+  py::enum_<LookupResult> lr(m, "LookupResult", "vLLM's LookupResult");
+  lr.value("MISS", LookupResult::kMiss)
+      .value("HIT", LookupResult::kHit)
+      .value("HIT_PENDING", LookupResult::kHitPending)
+      .value("RETRY", LookupResult::kRetry);
+  for (LookupResult r :
+       {LookupResult::kMiss, LookupResult::kHit, LookupResult::kHitPending, LookupResult::kRetry}) {
+    g_lookup_values[static_cast<int>(r)] = py::cast(r).release().ptr();
+  }
+
+  py::class_<PyPrepareStoreOutput>(m, "PrepareStoreOutput",
+                                   "vLLM's PrepareStoreOutput; store_slots is the CPU spec")
+      .def_readonly("keys_to_store", &PyPrepareStoreOutput::keys_to_store)
+      .def_readonly("store_slots", &PyPrepareStoreOutput::store_slots)
+      .def_readonly("evicted_keys", &PyPrepareStoreOutput::evicted_keys)
+      .def("__repr__", [](const PyPrepareStoreOutput& o) {
+        return "PrepareStoreOutput(" + std::to_string(py::len(o.keys_to_store)) + " to store, " +
+               std::to_string(py::len(o.evicted_keys)) + " evicted)";
+      });
+
+  py::class_<PyEvent>(m, "OffloadingEvent", "vLLM's OffloadingEvent plus kvo's reason and tier")
+      .def_readonly("keys", &PyEvent::keys)
+      .def_readonly("medium", &PyEvent::medium)
+      .def_readonly("removed", &PyEvent::removed)
+      .def_readonly("locality", &PyEvent::locality)
+      .def_readonly("reason", &PyEvent::reason)
+      .def_readonly("tier", &PyEvent::tier)
+      .def_readonly("all_cleared", &PyEvent::all_cleared)
+      .def("__repr__", [](const PyEvent& e) {
+        return "OffloadingEvent(" + std::to_string(py::len(e.keys)) + " keys, " + e.medium +
+               (e.removed ? ", removed" : "") + (e.all_cleared ? ", all_cleared" : "") + ")";
+      });
+
+  py::class_<PyManager> manager_cls(
+      m, "OffloadManager",
+      "kvo's C++ offload manager with vLLM's OffloadingManager method names and "
+      "semantics. Keys are bytes (block hash + 4-byte big-endian group).");
+  manager_cls
+      .def(py::init<size_t, const std::string&, int64_t, size_t, bool, bool>(),
+           py::arg("num_blocks"), py::arg("eviction_policy") = "lru",
+           py::arg("store_threshold") = 0, py::arg("max_tracker_size") = 64000,
+           py::arg("enable_events") = true, py::arg("track_blocks") = false)
+      .def_static(
+          "_from_config_json",
+          [](const std::string& json, uint64_t worker_kv_bytes_per_block, uint64_t gpu_block_size,
+             uint64_t tokens_per_hash, uint64_t world_size, bool replicated_layout,
+             bool enable_kv_cache_events, std::optional<int64_t> dp_rank, const py::dict& run,
+             py::object cpu_rows, bool track_blocks) {
+            return std::make_unique<PyManager>(
+                json,
+                GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash, world_size,
+                             replicated_layout),
+                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks);
+          },
+          py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
+          py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
+          py::arg("enable_kv_cache_events"), py::arg("data_parallel_rank"), py::arg("run"),
+          py::arg("cpu_rows"), py::arg("track_blocks"))
+      .def("_lookup", &PyManager::Lookup, py::arg("key"), py::arg("req_context") = py::none())
+      .def("lookup_many", &PyManager::LookupMany, py::arg("keys"),
+           py::arg("req_context") = py::none())
+      .def("lookup_prefix", &PyManager::PrefixLookup, py::arg("keys"),
+           py::arg("req_context") = py::none(), "vLLM's maximal prefix lookup: (hits, deferred)")
+      .def("lookup_prefix_packed", &PyManager::PrefixLookupPacked, py::arg("keys"),
+           py::arg("key_len"), py::arg("req_context") = py::none(),
+           "lookup_prefix over one buffer of fixed-length keys")
+      .def("prepare_load", &PyManager::PrepareLoad, py::arg("keys"),
+           py::arg("req_context") = py::none())
+      .def("touch", &PyManager::Touch, py::arg("keys"), py::arg("req_context") = py::none())
+      .def("complete_load", &PyManager::CompleteLoad, py::arg("keys"),
+           py::arg("req_context") = py::none())
+      .def("prepare_store", &PyManager::PrepareStore, py::arg("keys"),
+           py::arg("req_context") = py::none())
+      .def("complete_store", &PyManager::CompleteStore, py::arg("keys"),
+           py::arg("req_context") = py::none(), py::arg("success") = true)
+      .def("on_new_request", &PyManager::OnNewRequest, py::arg("req_context"))
+      .def("on_request_finished", &PyManager::OnRequestFinished, py::arg("req_context"))
+      .def("on_schedule_end", &PyManager::OnScheduleEnd)
+      .def("has_pending_work", &PyManager::HasPendingWork)
+      .def("reset_cache", &PyManager::ResetCache)
+      .def("take_events", &PyManager::TakeEvents)
+      .def("get_stats", &PyManager::GetStats)
+      .def("check_invariants", &PyManager::CheckInvariants)
+      .def("snapshot", &PyManager::Snapshot)
+      .def("geometry", &PyManager::Geometry)
+      .def("shutdown", &PyManager::Shutdown);
+  {
+    PyObject* descr =
+        PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(manager_cls.ptr()), &g_fast_lookup_def);
+    if (descr == nullptr) throw py::error_already_set();
+    manager_cls.attr("lookup") = py::reinterpret_steal<py::object>(descr);
+  }
+
+  py::class_<PyEngine>(m, "TransferEngine",
+                       "kvo's transfer engine over registered KV tensors and host rows")
+      .def(py::init<const std::string&,
+                    const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t, uint64_t>>&,
+                    const std::vector<std::vector<std::pair<uint32_t, uint64_t>>>&, uint32_t,
+                    uint32_t, uint32_t, uint64_t, py::object, int, uintptr_t, int>(),
+           py::arg("name"), py::arg("tensors"), py::arg("groups"), py::arg("blocks_per_chunk"),
+           py::arg("num_workers"), py::arg("worker_index"), py::arg("host_page_size"),
+           py::arg("rows"), py::arg("num_threads") = 4, py::arg("compute_stream") = 0,
+           py::arg("device") = 0)
+      .def_property_readonly("row_stride", &PyEngine::row_stride)
+      .def_property_readonly("num_slots", &PyEngine::num_slots)
+      .def_property_readonly("name", &PyEngine::name)
+      .def("submit", &PyEngine::Submit, py::arg("store"), py::arg("gpu_block_ids"),
+           py::arg("group_sizes"), py::arg("block_indices"), py::arg("cpu_slots"))
+      .def("get_finished", &PyEngine::GetFinished)
+      .def("wait", &PyEngine::Wait, py::arg("job_id"))
+      .def("wait_all", &PyEngine::WaitAll);
+
+  py::class_<PyFsTier>(m, "FsTier",
+                       "kvo's file tier (vLLM's layout; bounded, restart-safe, integrity-checked) "
+                       "over a CPU tier's rows")
+      .def(py::init([](const std::string& json, uint64_t worker_kv_bytes_per_block,
+                       uint64_t gpu_block_size, uint64_t tokens_per_hash, uint64_t world_size,
+                       bool replicated_layout, const py::dict& run, py::object rows,
+                       bool enable_kv_cache_events) {
+             return std::make_unique<PyFsTier>(
+                 json,
+                 GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash,
+                              world_size, replicated_layout),
+                 RunFrom(run), std::move(rows), enable_kv_cache_events);
+           }),
+           py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
+           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
+           py::arg("run"), py::arg("rows"), py::arg("enable_kv_cache_events"))
+      .def("lookup", &PyFsTier::Lookup, py::arg("key"), py::arg("req_context") = py::none())
+      .def(
+          "submit_store",
+          [](PyFsTier& t, uint64_t job_id, py::handle keys, py::handle slots, py::handle ctx) {
+            t.Submit(true, job_id, keys, slots, ctx);
+          },
+          py::arg("job_id"), py::arg("keys"), py::arg("block_ids"),
+          py::arg("req_context") = py::none())
+      .def(
+          "submit_load",
+          [](PyFsTier& t, uint64_t job_id, py::handle keys, py::handle slots, py::handle ctx) {
+            t.Submit(false, job_id, keys, slots, ctx);
+          },
+          py::arg("job_id"), py::arg("keys"), py::arg("block_ids"),
+          py::arg("req_context") = py::none())
+      .def("take_finished", &PyFsTier::TakeFinished)
+      .def("take_events", &PyFsTier::TakeEvents)
+      .def("drain", &PyFsTier::Drain)
+      .def("touch", &PyFsTier::Touch, py::arg("keys"), py::arg("req_context") = py::none())
+      .def("on_new_request", &PyFsTier::OnNewRequest, py::arg("req_context"))
+      .def("on_request_finished", &PyFsTier::OnRequestFinished, py::arg("req_context"))
+      .def("on_schedule_end", &PyFsTier::OnScheduleEnd)
+      .def("has_pending_work", &PyFsTier::HasPendingWork)
+      .def("list_held", &PyFsTier::ListHeld)
+      .def_property_readonly("row_bytes", &PyFsTier::row_bytes)
+      .def_property_readonly("num_blocks", &PyFsTier::num_blocks)
+      .def("shutdown", &PyFsTier::Shutdown);
+
+  m.def("fs_tier_config_keys", &FsTierConfigKeys);
+  m.def("offload_config_keys", &OffloadConfigKeys);
+  m.def("transfer_engines", &RegisteredTransferEngines);
+  m.def(
+      "row_bytes_for",
+      [](const std::string& json, uint64_t worker_kv_bytes_per_block, uint64_t gpu_block_size,
+         uint64_t tokens_per_hash, uint64_t world_size, bool replicated_layout) {
+        KvGeometry kv = GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash,
+                                     world_size, replicated_layout);
+        OffloadConfig c = Unwrap(ParseOffloadConfig(json, kv));
+        OffloadGeometry g = Unwrap(ComputeOffloadGeometry(c, kv));
+        return py::make_tuple(g.num_blocks, g.row_bytes, g.blocks_per_chunk);
+      },
+      "(num_blocks, row_bytes, blocks_per_chunk) the config and geometry give");
+}
