@@ -28,6 +28,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/result.h"
 #include "common/status.h"
 #include "events/block_hash.h"
@@ -58,21 +59,22 @@ Result<std::vector<OffloadKey>> ParseKeys(const Json& line) {
   auto it = line.find("keys");
   if (it == line.end()) return keys;
   if (!it->is_array()) {
-    return Status::InvalidArgument("\"keys\" must be an array of hex strings, got " + it->dump());
+    return Status::InvalidArgument("\"keys\" must be an array of hex strings, got " +
+                                   DescribeJson(*it));
   }
   for (size_t i = 0; i < it->size(); ++i) {
     const Json& k = (*it)[i];
     if (!k.is_string()) {
       return Status::InvalidArgument("keys[" + std::to_string(i) + "] must be a hex string, got " +
-                                     k.dump());
+                                     DescribeJson(k));
     }
     Result<std::string> digest = ParseHex(k.get<std::string>());
     if (!digest.ok()) {
-      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + k.dump() + ": " +
+      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + DescribeJson(k) + ": " +
                                      digest.status().message());
     }
     if (digest->empty() || digest->size() > OffloadKey::kMaxHashBytes) {
-      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + k.dump() +
+      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + DescribeJson(k) +
                                      ": a block hash has 1 to 32 bytes, got " +
                                      std::to_string(digest->size()));
     }
@@ -103,7 +105,7 @@ Result<Json> RunOp(OffloadManager& m, const Json& line) {
   bool success = true;
   if (auto s = line.find("success"); s != line.end()) {
     if (!s->is_boolean()) {
-      return Status::InvalidArgument("\"success\" must be true or false, got " + s->dump());
+      return Status::InvalidArgument("\"success\" must be true or false, got " + DescribeJson(*s));
     }
     success = s->get<bool>();
   }
@@ -187,12 +189,13 @@ Status RunOps(const OpsArgs& args, bool* bad_lines) {
   for (size_t number = 1; std::getline(*in, text); ++number) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     Json answer;
-    Json line = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (line.is_discarded()) {
-      answer = ErrorLine("line " + std::to_string(number) + ": not valid JSON");
+    Result<Json> line = ParseOrderedJson(text);
+    if (!line.ok()) {
+      answer = ErrorLine("line " + std::to_string(number) + ": not valid JSON (" +
+                         line.status().message() + ")");
       *bad_lines = true;
     } else {
-      Result<Json> r = RunOp(*manager, line);
+      Result<Json> r = RunOp(*manager, *line);
       if (r.ok()) {
         answer = std::move(r).value();
       } else {
