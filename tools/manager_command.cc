@@ -191,8 +191,10 @@ Status RunOps(const OpsArgs& args, bool* bad_lines) {
     Json answer;
     Result<Json> line = ParseOrderedJson(text);
     if (!line.ok()) {
-      answer = ErrorLine("line " + std::to_string(number) + ": not valid JSON (" +
-                         line.status().message() + ")");
+      // A syntax error keeps its short answer; a refused limit says which.
+      const std::string& why = line.status().message();
+      answer = ErrorLine("line " + std::to_string(number) + ": " +
+                         (why.rfind("invalid JSON", 0) == 0 ? std::string("not valid JSON") : why));
       *bad_lines = true;
     } else {
       Result<Json> r = RunOp(*manager, *line);

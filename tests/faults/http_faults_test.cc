@@ -86,6 +86,12 @@ int64_t PeakRssMb(pid_t pid) {
   return -1;
 }
 
+// Progress on stderr, so a hang names its phase.
+void Phase(const char* what) {
+  static const auto start = Clock::now();
+  std::fprintf(stderr, "[ http faults %6.1f s ] %s\n", Ms(Clock::now() - start) / 1000, what);
+}
+
 class HttpFaultsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -126,6 +132,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
   };
 
   for (int round = 0; round < rounds; ++round) {
+    Phase("1. Deep nesting");
     // 1. Deep nesting (10^5 levels, 200 KB) in every echoed key, on both query routes, and as
     // the body of every other route.
     const std::string deep = std::string(100000, '[') + std::string(100000, ']');
@@ -154,6 +161,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
     }
     ExpectAlive("deep JSON");
 
+    Phase("2. A huge declared body");
     // 2. A huge declared body: refused from its header (413, JSON), never read.
     {
       Conn c(port_);
@@ -162,6 +170,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
       check(r.status == 413 && r.body.find("\"error\"") != std::string::npos,
             "huge body: " + std::to_string(r.status) + " " + r.body);
     }
+    Phase("3. A chunked body");
     // 3. A chunked body past the 64 MiB limit (issue: 300 MiB accepted): 413 before 80 MiB.
     {
       Conn c(port_);
@@ -173,6 +182,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
       check(sent_mb <= 80 && r.status == 413,
             "chunked: " + std::to_string(sent_mb) + " MiB sent, " + std::to_string(r.status));
     }
+    Phase("4. The README");
     // 4. The README's curl -d: form-encoded, Expect: 100-continue, 20 000 tokens (issue: 413 with
     // an empty body over ~1 500 tokens).
     {
@@ -194,6 +204,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
     }
     ExpectAlive("bodies");
 
+    Phase("5. Slow");
     // 5. Slow (one header byte per second) and idle connections, 8 of each: closed by the
     // header deadline (5 s); meanwhile the probe keeps running.
     {
@@ -220,6 +231,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
       check(all_closed && idle_closed, "slow/idle connections were not closed by the deadline");
     }
 
+    Phase("6. 200 concurrent");
     // 6. 200 concurrent clients, each with 5 queries on one keep-alive connection.
     {
       std::mutex mu;
@@ -246,6 +258,7 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
       concurrent_p99_ms_ = std::max(concurrent_p99_ms_, Percentile(lat, 0.99));
     }
 
+    Phase("7. Four concurrent");
     // 7. Four concurrent 57 MB bodies of tokens (issue: 4.1 GB RSS): refused before a DOM.
     {
       std::string body = "{\"token_ids\":[1";
