@@ -80,6 +80,7 @@ struct ServerCore {
   // Declared after what sessions touch when they are destroyed (with the io_context).
   asio::io_context ioc{1};
   tcp::acceptor acceptor{ioc};
+  asio::steady_timer accept_retry{ioc};
   std::unique_ptr<ThreadPool> workers;
   std::unique_ptr<ThreadPool> priority;
   std::thread io_thread;
@@ -295,8 +296,13 @@ void ServerCore::Accept() {
   acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec) {
       if (!acceptor.is_open() || stopping.load()) return;
-      // EMFILE and friends: log, and keep accepting (the next attempt may succeed).
+      // EMFILE and friends: log, and try again shortly (not at once: that would spin).
       KVO_LOG_WARN("http accept: {}", ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](beast::error_code e) {
+        if (!e) Accept();
+      });
+      return;
     } else if (connections.load(std::memory_order_relaxed) >= options.max_connections) {
       // Answer without reading: the socket's send buffer is empty, so this never blocks.
       static const std::string kBusy = [] {
@@ -384,6 +390,7 @@ void HttpServer::Stop() {
   asio::post(s->ioc, [s, closed] {
     beast::error_code ignored;
     s->acceptor.close(ignored);
+    s->accept_retry.cancel();
     std::vector<std::shared_ptr<Session>> live;
     {
       MutexLock lock(&s->mu);
