@@ -10,6 +10,7 @@ find_package(CLI11 REQUIRED)           # libcli11-dev
 find_package(nlohmann_json REQUIRED)   # nlohmann-json3-dev
 find_package(OpenSSL REQUIRED)         # libssl-dev (SHA-256)
 find_package(SQLite3 REQUIRED)         # libsqlite3-dev
+find_package(Boost 1.74 REQUIRED)      # libboost-dev: Asio + Beast (header-only), the HTTP server
 
 if(TARGET msgpack-cxx)
   set(KVO_MSGPACK msgpack-cxx)

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/json.h"
 #include "events/block_hash.h"
 
 namespace kvo {
@@ -530,23 +531,16 @@ std::string BatchToText(const EventBatch& batch, uint64_t seq) {
 }
 
 Result<EventBatch> BatchFromJson(std::string_view json) {
+  KVO_ASSIGN_OR_RETURN(Json j, ParseJson(json));
   try {
-    Json j = Json::parse(json.begin(), json.end());
     return BatchFromJsonValue(j);
-  } catch (const Json::parse_error& e) {
-    return Status::InvalidArgument(std::string("invalid JSON: ") + e.what());
   } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("cannot read JSON batch: ") + e.what());
   }
 }
 
 Result<std::vector<Value>> ExtraKeysFromJsonText(std::string_view json, const std::string& what) {
-  Json doc;
-  try {
-    doc = Json::parse(json);
-  } catch (const Json::exception& e) {
-    return Status::InvalidArgument(what + ": invalid JSON: " + e.what());
-  }
+  KVO_ASSIGN_OR_RETURN(Json doc, ParseJson(json, what));
   if (doc.is_null()) return TypeError(what, "array with one entry per block", doc);
   KVO_ASSIGN_OR_RETURN(std::optional<std::vector<Value>> keys, ExtraKeysFromJson(doc, what));
   return std::move(keys).value();

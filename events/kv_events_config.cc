@@ -5,6 +5,7 @@
 
 #include <charconv>
 
+#include "common/json.h"
 #include "common/logging.h"
 #include "events/journal.h"
 
@@ -13,7 +14,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string Show(const json& v) { return v.dump(); }
+std::string Show(const json& v) { return DescribeJson(v); }
 
 Status WrongType(const std::string& key, const json& v, const char* expected) {
   return Status::InvalidArgument("--kv-events-config: '" + key + "' must be " + expected +
@@ -40,12 +41,7 @@ Status ReadString(const std::string& key, const json& v, std::string* out) {
 }  // namespace
 
 Result<KvEventsConfig> ParseKvEventsConfig(std::string_view text) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("--kv-events-config: invalid JSON: ") + e.what());
-  }
+  KVO_ASSIGN_OR_RETURN(json doc, ParseJson(text, "--kv-events-config"));
   if (!doc.is_object()) {
     return Status::InvalidArgument("--kv-events-config: expected a JSON object, got " + Show(doc));
   }

@@ -3,8 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
+#include "common/json.h"
 #include "events/block_hash.h"
 
 namespace kvo {
@@ -15,18 +17,7 @@ using OJson = nlohmann::ordered_json;
 
 Status Bad(const std::string& what) { return Status::InvalidArgument(what); }
 
-std::string Show(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 64) s = s.substr(0, 61) + "...";
-  return s;
-}
-
-// Text from the request (a key, a name, a parser's message quoting the input) cut for an error
-// message: DESIGN.md §6, messages never echo unbounded input.
-std::string Clip(std::string_view s, size_t n = 64) {
-  if (s.size() <= n) return std::string(s);
-  return std::string(s.substr(0, n - 3)) + "...";
-}
+std::string Show(const json& v) { return DescribeJson(v); }
 
 const char* TypeName(const json& v) {
   if (v.is_boolean()) return "a boolean";
@@ -94,12 +85,20 @@ Status ParseHashes(const json& v, const ScoreRequestLimits& limits, ScoreQuery* 
 
 Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLimits& limits,
                                      const std::set<std::string, std::less<>>& known_sources) {
-  json doc;
-  try {
-    doc = json::parse(body);
-  } catch (const json::exception& e) {
-    return Bad("invalid JSON: " + Clip(e.what(), 256));
+  // Refused before a value is built: a document nested deeper than kJsonMaxDepth, and an array
+  // far longer than the query limit (the DOM of a 57 MB array of tokens costs ~1 GB). Up to twice
+  // the limit, the DOM is built and the precise message below names the key and the count.
+  JsonLimits json_limits;
+  json_limits.max_array_elements = std::max(limits.max_query_tokens, int64_t{1}) * 2 + 16;
+  if (Status st = CheckJsonLimits(body, json_limits); !st.ok()) {
+    if (st.message().find("array longer") == std::string::npos) return st;
+    return Bad("'token_ids' or 'block_hashes' holds more than the maximum " +
+               std::to_string(limits.max_query_tokens) +
+               " entries (max_query_tokens): " + st.message());
   }
+  auto parsed = ParseJson(body);
+  if (!parsed.ok()) return parsed.status();
+  json doc = std::move(parsed).value();
   if (!doc.is_object())
     return Bad(std::string("the body must be a JSON object, got ") + TypeName(doc));
   ScoreQuery q;
@@ -138,8 +137,8 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
           if (medium.empty()) return Bad("'weights' has an empty medium name");
           if (!w.is_number() || w.is_boolean() || !std::isfinite(w.get<double>()) ||
               w.get<double>() < 0) {
-            return Bad("'weights." + Clip(medium) + "' must be a finite number >= 0, got " +
-                       Show(w));
+            return Bad("'weights." + CutForMessage(medium) +
+                       "' must be a finite number >= 0, got " + Show(w));
           }
           q.weights[medium] = w.get<double>();
         }
@@ -154,18 +153,19 @@ Result<ScoreQuery> ParseScoreRequest(std::string_view body, const ScoreRequestLi
           }
           std::string name = v[i].get<std::string>();
           if (!known_sources.contains(name)) {
-            return Bad("unknown source '" + Clip(name) + "' in 'sources' (see GET /v1/sources)");
+            return Bad("unknown source '" + CutForMessage(name) +
+                       "' in 'sources' (see GET /v1/sources)");
           }
           q.sources.push_back(std::move(name));
         }
       } else {
-        return Bad("unknown key '" + Clip(key) +
+        return Bad("unknown key '" + CutForMessage(key) +
                    "' (expected token_ids or block_hashes, block_size, lora_name, weights, "
                    "sources)");
       }
     }
   } catch (const json::exception& e) {
-    return Bad("bad request: " + Clip(e.what(), 256));
+    return Bad("bad request: " + CutForMessage(e.what(), 256));
   }
   if (has_tokens == has_hashes) {
     return Bad(has_tokens ? "give either 'token_ids' or 'block_hashes', not both"
@@ -243,8 +243,10 @@ std::string RenderExplainResponse(const ExplainResult& result, int64_t query_tok
 }
 
 Result<ScoreResult> ParseScoreResponse(std::string_view body) {
+  auto parsed = ParseJson(body, "score response");
+  if (!parsed.ok()) return parsed.status();
   try {
-    json doc = json::parse(body);
+    const json& doc = *parsed;
     ScoreResult r;
     r.block_size = doc.at("block_size").get<int64_t>();
     r.query_blocks = doc.at("query_blocks").get<int64_t>();
@@ -262,7 +264,7 @@ Result<ScoreResult> ParseScoreResponse(std::string_view body) {
     }
     return r;
   } catch (const json::exception& e) {
-    return Status::InvalidArgument("score response: " + Clip(e.what(), 256));
+    return Status::InvalidArgument("score response: " + CutForMessage(e.what(), 256));
   }
 }
 
@@ -273,14 +275,11 @@ std::string RenderError(std::string_view message) {
 }
 
 std::string ParseErrorMessage(std::string_view body) {
-  try {
-    json doc = json::parse(body);
-    if (doc.is_object() && doc.contains("error") && doc["error"].is_string()) {
-      return doc["error"].get<std::string>();
-    }
-  } catch (const json::exception&) {
+  auto doc = ParseJson(body);
+  if (doc.ok() && doc->is_object() && doc->contains("error") && (*doc)["error"].is_string()) {
+    return (*doc)["error"].get<std::string>();
   }
-  return std::string(body.substr(0, 512));
+  return CutForMessage(body, 512);
 }
 
 std::string RenderScoreRequest(const ScoreQuery& q) {

@@ -1,22 +1,331 @@
-// cpp-httplib adapter: its types and exceptions stop in this file.
+// Boost.Beast server and cpp-httplib client adapter: their types and exceptions stop in this file.
 #include "indexer/http_server.h"
 
 #include <httplib.h>
 
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <optional>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 
 #include "common/logging.h"
+#include "common/mutex.h"
+#include "common/thread_pool.h"
 
 namespace kvo {
+namespace {
 
-struct HttpServer::Impl {
-  httplib::Server server;
-  std::thread thread;
-  std::atomic<bool> done{false};
-  int port = 0;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+// {"error": message} without a JSON library (the message is ours, ASCII, no control bytes).
+std::string ErrorBody(const std::string& message) {
+  std::string out = "{\"error\":\"";
+  for (char c : message) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
+  }
+  return out + "\"}";
+}
+
+// A claim on the server's budget of body bytes in flight; released when destroyed.
+class BodyBytes {
+ public:
+  BodyBytes() = default;
+  explicit BodyBytes(std::atomic<size_t>* pool) : pool_(pool) {}
+  BodyBytes(BodyBytes&& o) noexcept : pool_(o.pool_), bytes_(std::exchange(o.bytes_, 0)) {}
+  BodyBytes& operator=(BodyBytes&&) = delete;
+  ~BodyBytes() { Release(); }
+
+  // False (and nothing claimed) when `n` more bytes would pass `limit`.
+  bool Claim(size_t n, size_t limit) {
+    size_t cur = pool_->load(std::memory_order_relaxed);
+    do {
+      if (n > limit || cur > limit - n) return false;
+    } while (!pool_->compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+    bytes_ += n;
+    return true;
+  }
+  void Release() {
+    if (bytes_ != 0) pool_->fetch_sub(std::exchange(bytes_, 0), std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<size_t>* pool_ = nullptr;
+  size_t bytes_ = 0;
 };
+
+class Session;
+
+struct ServerCore {
+  HttpServerOptions options;
+  HttpServer::Handler handler;
+  std::atomic<bool> stopping{false};
+  std::atomic<int> connections{0};
+  std::atomic<int> pending{0};
+  std::atomic<size_t> body_bytes{0};
+  Mutex mu;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions GUARDED_BY(mu);
+  // Declared after what sessions touch when they are destroyed (with the io_context).
+  asio::io_context ioc{1};
+  tcp::acceptor acceptor{ioc};
+  asio::steady_timer accept_retry{ioc};
+  std::unique_ptr<ThreadPool> workers;
+  std::unique_ptr<ThreadPool> priority;
+  std::thread io_thread;
+  int port = 0;
+  bool stopped = false;
+
+  void Accept();
+};
+
+constexpr size_t kSmallBody = 64u << 10;
+constexpr size_t kLargeReadBytes = 256u << 10;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(ServerCore* srv, tcp::socket socket)
+      : srv_(srv), stream_(std::move(socket)), body_bytes_(&srv->body_bytes) {
+    srv_->connections.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~Session() {
+    srv_->connections.fetch_sub(1, std::memory_order_relaxed);
+    MutexLock lock(&srv_->mu);
+    srv_->sessions.erase(this);
+  }
+
+  void Start() {
+    {
+      MutexLock lock(&srv_->mu);
+      srv_->sessions.emplace(this, weak_from_this());
+    }
+    ReadHeader(srv_->options.header_timeout_ms);
+  }
+
+  // On the I/O thread: ends the connection (Stop).
+  void Close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+  }
+
+ private:
+  const HttpServerOptions& opt() const { return srv_->options; }
+
+  void ReadHeader(int timeout_ms) {
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(opt().max_header_bytes));
+    parser_->body_limit(opt().max_body_bytes);
+    // A chunked body claims its bytes chunk by chunk (the parser enforces max_body_bytes).
+    chunk_header_ = [this](std::uint64_t size, beast::string_view, beast::error_code& ec) {
+      if (size != 0 && !body_bytes_.Claim(size, opt().max_body_bytes_in_flight)) {
+        ec = asio::error::no_buffer_space;
+      }
+    };
+    parser_->on_chunk_header(chunk_header_);
+    stream_.expires_after(std::chrono::milliseconds(timeout_ms));
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return Fail(ec);
+    const auto& req = parser_->get();
+    if (auto declared = parser_->content_length()) {
+      if (!body_bytes_.Claim(*declared, opt().max_body_bytes_in_flight)) {
+        return Fail(asio::error::no_buffer_space);
+      }
+    }
+    if (parser_->is_done()) return OnBody({});
+    // Each read fills what the buffer has room for: from a few KiB after the header, a 57 MB body
+    // took ~28 000 reads. Large bodies read 256 KiB at a time (given back after the request).
+    const auto length = parser_->content_length();
+    if (!length || *length > kSmallBody) buffer_.reserve(kLargeReadBytes);
+    auto read_body = [self = shared_from_this()] {
+      self->stream_.expires_after(std::chrono::milliseconds(self->opt().body_timeout_ms));
+      http::async_read(self->stream_, self->buffer_, *self->parser_,
+                       [self](beast::error_code e, size_t) { self->OnBody(e); });
+    };
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      // curl sends this for bodies over 1 KiB and waits a second for the go-ahead.
+      static constexpr char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
+      stream_.expires_after(std::chrono::milliseconds(opt().write_timeout_ms));
+      asio::async_write(stream_, asio::buffer(kContinue, sizeof kContinue - 1),
+                        [self = shared_from_this(), read_body](beast::error_code e, size_t) {
+                          if (e) return self->Fail(e);
+                          read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void OnBody(beast::error_code ec) {
+    if (ec) return Fail(ec);
+    stream_.expires_never();
+    http::request<http::string_body> req = parser_->release();
+    parser_.reset();
+    if (buffer_.capacity() > kSmallBody) buffer_.shrink_to_fit();
+    const bool keep_alive = req.keep_alive();
+    HttpRequest r;
+    r.method = std::string(req.method_string());
+    beast::string_view target = req.target();
+    r.path = std::string(target.substr(0, target.find('?')));
+    r.body = std::move(req.body());
+    const auto& pp = opt().priority_paths;
+    const bool priority = std::find(pp.begin(), pp.end(), r.path) != pp.end();
+    if (srv_->pending.fetch_add(1, std::memory_order_relaxed) >= opt().max_pending_requests &&
+        !priority) {
+      srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+      body_bytes_.Release();
+      return Respond(Error(503, "server busy: " + std::to_string(opt().max_pending_requests) +
+                                    " requests are waiting; retry later"),
+                     false);
+    }
+    auto task = [self = shared_from_this(), r = std::move(r), keep_alive]() mutable {
+      HttpResponse out;
+      if (self->srv_->stopping.load()) {
+        out = Error(503, "server stopping");
+      } else {
+        try {
+          out = self->srv_->handler(r);
+        } catch (const std::exception& e) {
+          KVO_LOG_ERROR("http {} {}: {}", r.method, r.path, e.what());
+          out = Error(500, "internal error");
+        }
+      }
+      r.body = std::string();  // the body's memory goes before its claim does
+      self->body_bytes_.Release();
+      self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+      asio::post(self->stream_.get_executor(), [self, out = std::move(out), keep_alive]() mutable {
+        self->Respond(std::move(out), keep_alive);
+      });
+    };
+    (priority ? srv_->priority : srv_->workers)->Schedule(std::move(task));
+  }
+
+  static HttpResponse Error(int status, const std::string& message) {
+    return HttpResponse{status, "application/json", ErrorBody(message)};
+  }
+
+  // Maps a read error to an answer, or closes quietly when there is no one to answer.
+  void Fail(beast::error_code ec) {
+    body_bytes_.Release();
+    if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+        ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
+        ec == asio::error::eof || ec == http::error::partial_message || srv_->stopping.load()) {
+      return Close();
+    }
+    if (ec == http::error::body_limit) {
+      return Respond(Error(413, "request body larger than the limit of " +
+                                    std::to_string(opt().max_body_bytes) + " bytes"),
+                     false, true);
+    }
+    if (ec == http::error::header_limit) {
+      return Respond(Error(431, "request header larger than the limit of " +
+                                    std::to_string(opt().max_header_bytes) + " bytes"),
+                     false, true);
+    }
+    if (ec == asio::error::no_buffer_space) {
+      return Respond(
+          Error(503, "server busy: request bodies in flight would pass " +
+                         std::to_string(opt().max_body_bytes_in_flight) + " bytes; retry later"),
+          false, true);
+    }
+    Respond(Error(400, "malformed HTTP request: " + ec.message()), false, true);
+  }
+
+  // `keep_alive` false after a refusal: the client may still be sending what we did not read.
+  void Respond(HttpResponse out, bool keep_alive, bool unread_input = false) {
+    keep_alive = keep_alive && !srv_->stopping.load();
+    auto res = std::make_shared<http::response<http::string_body>>();
+    res->version(11);
+    res->result(static_cast<unsigned>(out.status));
+    res->set(http::field::content_type, out.content_type);
+    res->body() = std::move(out.body);
+    res->keep_alive(keep_alive);
+    res->prepare_payload();
+    stream_.expires_after(std::chrono::milliseconds(opt().write_timeout_ms));
+    http::async_write(
+        stream_, *res,
+        [self = shared_from_this(), res, keep_alive, unread_input](beast::error_code ec, size_t) {
+          if (!ec && unread_input) return self->Linger();
+          if (ec || !keep_alive) return self->Close();
+          self->ReadHeader(self->opt().keep_alive_timeout_ms);
+        });
+  }
+
+  // Closing a socket with unread input sends a reset, which may destroy the answer before the
+  // client reads it: half-close, discard what still arrives (bounded in time), then close.
+  void Linger() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(2));
+    Discard();
+  }
+  void Discard() {
+    stream_.async_read_some(asio::buffer(discard_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->Close();
+                              self->Discard();
+                            });
+  }
+
+  ServerCore* srv_;
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_header_;
+  BodyBytes body_bytes_;
+  std::array<char, 4096> discard_;
+};
+
+void ServerCore::Accept() {
+  acceptor.async_accept(asio::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (!acceptor.is_open() || stopping.load()) return;
+      // EMFILE and friends: log, and try again shortly (not at once: that would spin).
+      KVO_LOG_WARN("http accept: {}", ec.message());
+      accept_retry.expires_after(std::chrono::milliseconds(100));
+      accept_retry.async_wait([this](beast::error_code e) {
+        if (!e) Accept();
+      });
+      return;
+    } else if (connections.load(std::memory_order_relaxed) >= options.max_connections) {
+      // Answer without reading: the socket's send buffer is empty, so this never blocks.
+      static const std::string kBusy = [] {
+        std::string body = ErrorBody("too many connections; retry later");
+        return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+               "Connection: close\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body;
+      }();
+      beast::error_code ignored;
+      socket.non_blocking(true, ignored);
+      socket.write_some(asio::buffer(kBusy), ignored);
+      socket.shutdown(tcp::socket::shutdown_both, ignored);
+      socket.close(ignored);
+    } else {
+      std::make_shared<Session>(this, std::move(socket))->Start();
+    }
+    Accept();
+  });
+}
+
+}  // namespace
+
+struct HttpServer::Impl : ServerCore {};
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -27,81 +336,78 @@ int HttpServer::port() const { return impl_->port; }
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
                                                       Handler handler) {
   auto impl = std::make_unique<Impl>();
-  httplib::Server& s = impl->server;
-  const int workers = options.worker_threads > 0 ? options.worker_threads : 1;
-  s.new_task_queue = [workers] { return new httplib::ThreadPool(static_cast<size_t>(workers)); };
-  s.set_payload_max_length(options.max_body_bytes);
-  s.set_read_timeout(options.read_timeout_s, 0);
-  s.set_keep_alive_max_count(1000);
-  auto serve = [handler](const httplib::Request& req, httplib::Response& res) {
-    HttpRequest r{req.method, req.path, req.body};
-    HttpResponse out;
-    try {
-      out = handler(r);
-    } catch (const std::exception& e) {
-      out = HttpResponse{500, "application/json", std::string("{\"error\":\"internal error\"}")};
-      KVO_LOG_ERROR("http {} {}: {}", req.method, req.path, e.what());
+  impl->options = options;
+  impl->handler = std::move(handler);
+  const std::string where = options.address.host + ":" + std::to_string(options.address.port);
+  beast::error_code ec;
+  auto address = asio::ip::make_address(options.address.host, ec);
+  if (ec) {
+    // A name (localhost): resolve it.
+    tcp::resolver resolver(impl->ioc);
+    auto results = resolver.resolve(options.address.host, "", ec);
+    if (ec || results.empty()) {
+      return Status::Unavailable("HTTP server: cannot resolve '" + options.address.host +
+                                 "': " + (ec ? ec.message() : std::string("no address")));
     }
-    res.status = out.status;
-    res.set_content(out.body, out.content_type.c_str());
-  };
-  // Every path goes to the handler, which answers 404/405 itself.
-  s.Get(".*", serve);
-  s.Post(".*", serve);
-  s.Put(".*", serve);
-  s.Delete(".*", serve);
-  s.set_exception_handler(
-      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        KVO_LOG_ERROR("http {} {}: {}", req.method, req.path, what);
-        res.status = 500;
-        res.set_content("{\"error\":\"internal error\"}", "application/json");
-      });
-  int port = 0;
-  try {
-    if (options.address.port == 0) {
-      port = s.bind_to_any_port(options.address.host);
-      if (port < 0) port = 0;
-    } else if (s.bind_to_port(options.address.host, options.address.port)) {
-      port = options.address.port;
-    }
-  } catch (const std::exception& e) {
-    return Status::Unavailable("HTTP server on " + options.address.host + ":" +
-                               std::to_string(options.address.port) + ": " + e.what());
+    address = results.begin()->endpoint().address();
   }
-  if (port <= 0) {
-    return Status::Unavailable("HTTP server: cannot bind " + options.address.host + ":" +
-                               std::to_string(options.address.port) +
-                               " (address in use or not local?)");
+  tcp::endpoint endpoint(address, static_cast<unsigned short>(options.address.port));
+  tcp::acceptor& a = impl->acceptor;
+  a.open(endpoint.protocol(), ec);
+  if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(endpoint, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);  // SOMAXCONN
+  if (!ec) impl->port = a.local_endpoint(ec).port();
+  if (ec || impl->port <= 0) {
+    return Status::Unavailable("HTTP server: cannot bind " + where + ": " +
+                               (ec ? ec.message() : std::string("no port")));
   }
-  impl->port = port;
+  impl->workers = std::make_unique<ThreadPool>(std::max(options.worker_threads, 1), "kvo-http");
+  impl->priority = std::make_unique<ThreadPool>(1, "kvo-http-prio");
+  impl->Accept();
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] {
-    try {
-      raw->server.listen_after_bind();
-    } catch (const std::exception& e) {
-      KVO_LOG_ERROR("http server stopped: {}", e.what());
+  impl->io_thread = std::thread([raw] {
+    for (;;) {
+      try {
+        raw->ioc.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler threw (it should not): log and keep serving.
+        KVO_LOG_ERROR("http server: {}", e.what());
+      }
     }
-    raw->done = true;
   });
-  // Server::stop() only acts once the loop runs: wait for it (or for its early exit).
-  while (!raw->server.is_running() && !raw->done) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }
 
 void HttpServer::Stop() {
-  if (!impl_ || !impl_->thread.joinable()) return;
-  // listen_after_bind may not have entered its loop yet; stop() closes the socket either way.
-  impl_->server.stop();
-  impl_->thread.join();
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
+  Impl* s = impl_.get();
+  s->stopping = true;
+  // 1. On the I/O thread: stop accepting, close every connection (pending reads fail at once).
+  auto closed = std::make_shared<std::promise<void>>();
+  asio::post(s->ioc, [s, closed] {
+    beast::error_code ignored;
+    s->acceptor.close(ignored);
+    s->accept_retry.cancel();
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      MutexLock lock(&s->mu);
+      for (auto& [raw, weak] : s->sessions) {
+        if (auto p = weak.lock()) live.push_back(std::move(p));
+      }
+    }
+    for (auto& p : live) p->Close();
+    closed->set_value();
+  });
+  closed->get_future().wait_for(std::chrono::seconds(10));
+  // 2. Wait for running handlers; queued ones see `stopping` and skip the handler.
+  s->priority.reset();
+  s->workers.reset();
+  // 3. The I/O thread; sessions still referenced by queued completions go with the io_context.
+  s->ioc.stop();
+  if (s->io_thread.joinable()) s->io_thread.join();
 }
 
 Result<HttpClientResult> HttpCall(const HttpAddress& address, const std::string& method,

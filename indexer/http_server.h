@@ -1,14 +1,24 @@
-// A small HTTP/1.1 server for the indexer's API: cpp-httplib behind a seam of plain structs, so
-// the rest of the indexer never sees httplib types or exceptions (they stop in http_server.cc).
+// A small HTTP/1.1 server for the indexer's API behind a seam of plain structs, so the rest of the
+// indexer never sees the HTTP library's types or exceptions (they stop in http_server.cc).
 //
-// Threading: Start() binds, then serves on an internal thread plus a small worker pool; handlers
-// run on the workers, concurrently, and must be thread-safe. Stop() is idempotent and waits for
-// the serving thread.
+// Model (Boost.Beast on Boost.Asio, indexer/DESIGN.md "HTTP server"): one I/O thread accepts and
+// reads every connection asynchronously, so a slow or idle client holds a socket, never a thread.
+// Each request is read under deadlines (the whole header, then the whole body); a kept-alive
+// connection waiting for its next request is closed after `keep_alive_timeout_ms`. A complete
+// request is handed to a bounded worker pool (`priority_paths`, e.g. /healthz, to a lane of its
+// own), so a slow handler never delays reading or answering other connections. Bodies are
+// bounded per request (`max_body_bytes`, chunked or not) and together (`max_body_bytes_in_flight`);
+// connections are bounded (`max_connections`). Every refusal is a JSON {"error"} body.
+//
+// Threading: handlers run on the workers, concurrently, and must be thread-safe. Stop() is
+// idempotent: it closes every connection, waits for running handlers and joins every thread.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "indexer/sources_config.h"
@@ -17,8 +27,8 @@ namespace kvo {
 
 struct HttpRequest {
   std::string method;  // "GET" | "POST" | ...
-  std::string path;
-  std::string body;
+  std::string path;    // without the query string
+  std::string body;    // whatever its Content-Type (curl -d sends form-encoded JSON)
 };
 
 struct HttpResponse {
@@ -30,8 +40,18 @@ struct HttpResponse {
 struct HttpServerOptions {
   HttpAddress address;  // port 0: any free port
   int worker_threads = 4;
-  size_t max_body_bytes = 64u << 20;  // a larger request is refused (413)
-  int read_timeout_s = 10;
+  // Requests read and not yet answered, across the workers; more: 503.
+  int max_pending_requests = 256;
+  // Served by one thread of their own, so a flood of slow requests cannot starve a liveness probe.
+  std::vector<std::string> priority_paths = {"/healthz"};
+  size_t max_body_bytes = 64u << 20;             // a larger body (chunked or not): 413
+  size_t max_body_bytes_in_flight = 256u << 20;  // bodies being read or handled, together: 503
+  size_t max_header_bytes = 16u << 10;           // request line + headers: 431
+  int max_connections = 512;                     // more are answered 503 and closed
+  int header_timeout_ms = 5000;                  // the whole header of a connection's first request
+  int body_timeout_ms = 30000;                   // the whole body, from the end of the header
+  int keep_alive_timeout_ms = 5000;  // an idle kept-alive connection: the next whole header
+  int write_timeout_ms = 30000;      // the whole response
 };
 
 class HttpServer {

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <set>
 
+#include "common/json.h"
 #include "events/kv_events_config.h"
 
 namespace kvo {
@@ -19,7 +20,7 @@ Status Bad(std::string_view origin, const std::string& what) {
 
 Status WrongType(std::string_view origin, const std::string& key, const json& v,
                  const char* expected) {
-  return Bad(origin, "'" + key + "' must be " + expected + ", got " + v.dump());
+  return Bad(origin, "'" + key + "' must be " + expected + ", got " + DescribeJson(v));
 }
 
 Status ReadInt(std::string_view origin, const std::string& key, const json& v, int64_t min,
@@ -215,13 +216,8 @@ Result<std::vector<SourceStream>> ExpandStreams(const SourceConfig& s) {
 }
 
 Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view origin) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    return Bad(origin, std::string("invalid JSON: ") + e.what());
-  }
-  if (!doc.is_object()) return Bad(origin, "expected a JSON object, got " + doc.dump());
+  KVO_ASSIGN_OR_RETURN(json doc, ParseJson(text, origin));
+  if (!doc.is_object()) return Bad(origin, "expected a JSON object, got " + DescribeJson(doc));
   IndexerConfig c;
   bool has_sources = false;
   try {

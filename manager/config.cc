@@ -9,6 +9,7 @@
 #include <limits>
 #include <utility>
 
+#include "common/json.h"
 #include "common/logging.h"
 #include "manager/cache_policy.h"
 
@@ -32,7 +33,7 @@ const std::vector<std::string>& KvRoles() {
   return roles;
 }
 
-std::string Show(const json& v) { return v.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Show(const json& v) { return DescribeJson(v); }
 
 // Python's repr of a list of strings: ['lru', 'arc'].
 std::string PyList(const std::vector<std::string>& items) {
@@ -418,12 +419,7 @@ Result<OffloadConfig> ParseExtra(const json& extra, OffloadConfig c) {
 }
 
 Result<OffloadConfig> Parse(std::string_view text) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string(kCtx) + ": invalid JSON: " + e.what());
-  }
+  KVO_ASSIGN_OR_RETURN(json doc, ParseJson(text, kCtx));
   if (!doc.is_object()) {
     return Status::InvalidArgument(std::string(kCtx) + ": expected a JSON object, got " +
                                    Show(doc));

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/result.h"
 #include "common/status.h"
 #include "events/block_hash.h"
@@ -26,21 +27,22 @@ Result<std::vector<OffloadKey>> ParseKeys(const Json& line) {
   auto it = line.find("keys");
   if (it == line.end()) return keys;
   if (!it->is_array()) {
-    return Status::InvalidArgument("\"keys\" must be an array of hex strings, got " + it->dump());
+    return Status::InvalidArgument("\"keys\" must be an array of hex strings, got " +
+                                   DescribeJson(*it));
   }
   for (size_t i = 0; i < it->size(); ++i) {
     const Json& k = (*it)[i];
     if (!k.is_string()) {
       return Status::InvalidArgument("keys[" + std::to_string(i) + "] must be a hex string, got " +
-                                     k.dump());
+                                     DescribeJson(k));
     }
     Result<std::string> digest = ParseHex(k.get<std::string>());
     if (!digest.ok()) {
-      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + k.dump() + ": " +
+      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + DescribeJson(k) + ": " +
                                      digest.status().message());
     }
     if (digest->empty() || digest->size() > OffloadKey::kMaxHashBytes) {
-      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + k.dump() +
+      return Status::InvalidArgument("keys[" + std::to_string(i) + "] " + DescribeJson(k) +
                                      ": a block hash has 1 to 32 bytes, got " +
                                      std::to_string(digest->size()));
     }
@@ -71,7 +73,7 @@ Result<Json> RunOp(OffloadManager& m, const Json& line) {
   bool success = true;
   if (auto s = line.find("success"); s != line.end()) {
     if (!s->is_boolean()) {
-      return Status::InvalidArgument("\"success\" must be true or false, got " + s->dump());
+      return Status::InvalidArgument("\"success\" must be true or false, got " + DescribeJson(*s));
     }
     success = s->get<bool>();
   }
@@ -132,12 +134,15 @@ std::optional<std::string> RunOpsScriptLine(OffloadManager& manager, std::string
                                             size_t number, bool* bad_line) {
   if (text.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
   Json answer;
-  Json line = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (line.is_discarded()) {
-    answer = ErrorLine("line " + std::to_string(number) + ": not valid JSON");
+  Result<Json> line = ParseOrderedJson(text);
+  if (!line.ok()) {
+    // A syntax error keeps its short answer; a refused limit (nesting depth) says which.
+    const std::string& why = line.status().message();
+    answer = ErrorLine("line " + std::to_string(number) + ": " +
+                       (why.rfind("invalid JSON", 0) == 0 ? std::string("not valid JSON") : why));
     *bad_line = true;
   } else {
-    Result<Json> r = RunOp(manager, line);
+    Result<Json> r = RunOp(manager, *line);
     if (r.ok()) {
       answer = std::move(r).value();
     } else {

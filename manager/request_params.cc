@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "common/logging.h"
 
 namespace kvo {
@@ -34,7 +35,7 @@ std::optional<int64_t> ParseMaxOffloadTokens(const nlohmann::json& params, std::
   }
   if (raw.is_number_integer() && raw.get<int64_t>() >= 0) return raw.get<int64_t>();
   std::string message =
-      "max_offload_tokens must be a non-negative int, got " + raw.dump() + "; ignoring";
+      "max_offload_tokens must be a non-negative int, got " + DescribeJson(raw) + "; ignoring";
   KVO_LOG_WARN("{}", message);
   if (warning != nullptr) *warning = std::move(message);
   return std::nullopt;
@@ -46,7 +47,8 @@ std::optional<std::vector<TierMatcher>> ParseLoadTierFilter(const nlohmann::json
   auto it = params.find("kv_load_tiers");
   if (it == params.end() || it->is_null()) return std::nullopt;
   if (!it->is_array()) {
-    Warn("kv_load_tiers must be a list, got " + it->dump() + "; loading from all tiers", warnings);
+    Warn("kv_load_tiers must be a list, got " + DescribeJson(*it) + "; loading from all tiers",
+         warnings);
     return std::nullopt;
   }
   if (it->empty()) return std::vector<TierMatcher>{};
@@ -55,7 +57,7 @@ std::optional<std::vector<TierMatcher>> ParseLoadTierFilter(const nlohmann::json
     const nlohmann::json& entry = (*it)[i];
     const std::string where = "kv_load_tiers[" + std::to_string(i) + "]";
     if (!entry.is_object()) {
-      Warn(where + " must be an object, got " + entry.dump() + "; skipped", warnings);
+      Warn(where + " must be an object, got " + DescribeJson(entry) + "; skipped", warnings);
       continue;
     }
     TierMatcher m;
@@ -68,14 +70,16 @@ std::optional<std::vector<TierMatcher>> ParseLoadTierFilter(const nlohmann::json
       }
       if (v.is_null()) continue;
       if (!v.is_string()) {
-        Warn(where + "." + k + " must be a string, got " + v.dump() + "; entry skipped", warnings);
+        Warn(where + "." + k + " must be a string, got " + DescribeJson(v) + "; entry skipped",
+             warnings);
         bad = true;
         break;
       }
       const std::string value = Upper(v.get<std::string>());
       if (k == "medium") {
         if (value != kMediumCpu && value != kMediumStorage) {
-          Warn(where + ".medium must be 'cpu' or 'storage', got " + v.dump() + "; entry skipped",
+          Warn(where + ".medium must be 'cpu' or 'storage', got " + DescribeJson(v) +
+                   "; entry skipped",
                warnings);
           bad = true;
           break;
@@ -83,7 +87,8 @@ std::optional<std::vector<TierMatcher>> ParseLoadTierFilter(const nlohmann::json
         m.medium = value;
       } else {
         if (value != "LOCAL" && value != "REMOTE") {
-          Warn(where + ".locality must be 'local' or 'remote', got " + v.dump() + "; entry skipped",
+          Warn(where + ".locality must be 'local' or 'remote', got " + DescribeJson(v) +
+                   "; entry skipped",
                warnings);
           bad = true;
           break;

@@ -2,6 +2,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "events/events.h"
 #include "planner/planner.h"
 
@@ -16,12 +17,7 @@ void Record(TraceReadReport* report, std::string error) {
 }
 
 Result<TraceRequest> ParseTraceLine(const std::string& line) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::InvalidArgument(std::string("invalid JSON (") + e.what() + ")");
-  }
+  KVO_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(line));
   if (!j.is_object()) return Status::InvalidArgument("expected a JSON object");
   TraceRequest r;
   auto int_field = [&](const char* key, int64_t* out, bool required) -> Status {
@@ -32,7 +28,7 @@ Result<TraceRequest> ParseTraceLine(const std::string& line) {
     }
     if (!it->is_number_integer() || it->get<int64_t>() < 0) {
       return Status::InvalidArgument(std::string("'") + key +
-                                     "' must be a non-negative integer, got " + it->dump());
+                                     "' must be a non-negative integer, got " + DescribeJson(*it));
     }
     *out = it->get<int64_t>();
     return Status::Ok();
@@ -47,7 +43,7 @@ Result<TraceRequest> ParseTraceLine(const std::string& line) {
   r.hash_ids.reserve(ids->size());
   for (const auto& id : *ids) {
     if (!id.is_number_unsigned() && !(id.is_number_integer() && id.get<int64_t>() >= 0)) {
-      return Status::InvalidArgument("'hash_ids' holds " + id.dump() +
+      return Status::InvalidArgument("'hash_ids' holds " + DescribeJson(id) +
                                      "; expected non-negative integers");
     }
     r.hash_ids.push_back(id.get<uint64_t>());

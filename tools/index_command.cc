@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/json.h"
 #include "common/logging.h"
 #include "events/events.h"
 #include "indexer/client.h"
@@ -263,12 +264,9 @@ Status RunDoctor(const DoctorArgs& a) {
   if (!a.http.empty()) {
     KVO_ASSIGN_OR_RETURN(IndexerClient client, IndexerClient::Create(a.http));
     KVO_ASSIGN_OR_RETURN(std::string body, client.SourcesJson());
-    OJson doc;
-    try {
-      doc = OJson::parse(body);
-    } catch (const std::exception& e) {
-      return Status::Corruption(std::string("/v1/sources answer: ") + e.what());
-    }
+    auto parsed = ParseOrderedJson(body, "/v1/sources answer");
+    if (!parsed.ok()) return Status::Corruption(parsed.status().message());
+    OJson doc = std::move(parsed).value();
     int code = 0;
     OJson out = OJson::array();
     for (const auto& s : doc["sources"]) {

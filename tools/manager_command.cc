@@ -28,6 +28,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/json.h"
 #include "common/result.h"
 #include "common/status.h"
 #include "manager/offload_manager.h"

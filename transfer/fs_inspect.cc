@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
 #include "transfer/fs_file.h"
 
 namespace kvo {
@@ -18,12 +19,10 @@ using fs_internal::WalkEntry;
 // Recomputes the digest of a config.json the way vLLM computes it over its fields.
 bool DigestMatches(const std::string& config_text, const std::string& ns_name,
                    std::string* model_name) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(config_text);
-  } catch (const std::exception&) {
-    return false;
-  }
+  // Depth-limited: dump() below recurses once per level of a (hostile) config.json.
+  Result<nlohmann::json> parsed = ParseJson(config_text);
+  if (!parsed.ok()) return false;
+  nlohmann::json& j = *parsed;
   if (!j.is_object()) return false;
   if (j.contains("model_name") && j["model_name"].is_string()) {
     *model_name = j["model_name"].get<std::string>();

@@ -5,6 +5,8 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "common/json.h"
+
 namespace kvo {
 namespace {
 
@@ -28,12 +30,9 @@ Result<nlohmann::json> FieldsJson(const FsRunFields& f) {
   if (!f.parallel_agnostic) j["parallel_agnostic"] = false;
   if (f.replicated_layout) j["replicated_layout"] = true;
   if (f.canonical_format_json.has_value()) {
-    try {
-      j["canonical_format"] = nlohmann::json::parse(*f.canonical_format_json);
-    } catch (const std::exception& e) {
-      return Status::InvalidArgument(std::string("fs tier: canonical_format is not JSON: ") +
-                                     e.what());
-    }
+    auto canonical = ParseJson(*f.canonical_format_json, "fs tier: canonical_format is not JSON");
+    if (!canonical.ok()) return canonical.status();
+    j["canonical_format"] = std::move(canonical).value();
   }
   return j;
 }

@@ -148,5 +148,16 @@ TEST(EventPublisherFactoryTest, NullWhenDisabledZmqWithOffsetEndpointsWhenEnable
   EXPECT_NE(bad.status().message().find("Invalid endpoint"), std::string::npos);
 }
 
+// Issue 10 item 1: the error message dump()ed a 10^5-deep value and overflowed the stack.
+TEST(KvEventsConfigTest, RefusesDeepNestingInABoundedMessage) {
+  auto c = ParseKvEventsConfig("{\"topic\": " + std::string(100000, '[') +
+                               std::string(100000, ']') + "}");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--kv-events-config: JSON nested deeper than 64"),
+            std::string::npos)
+      << c.status().message();
+  EXPECT_LT(c.status().message().size(), 200u);
+}
+
 }  // namespace
 }  // namespace kvo

@@ -115,6 +115,47 @@ TEST(HttpApiTest, EnforcesTheTokenLimit) {
       << q.status().message();
 }
 
+// Issue 10 item 1: a value nested 10^5 deep in any key the error message echoes crashed the
+// daemon (dump() recursed once per level). Refused before parsing, in a bounded message.
+TEST(HttpApiTest, RefusesDeeplyNestedValuesInEveryKey) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string bodies[] = {
+      R"({"token_ids": [1], "block_size": )" + deep + "}",
+      R"({"token_ids": [1], "lora_name": )" + deep + "}",
+      R"({"token_ids": [1], "weights": {"GPU": )" + deep + "}}",
+      R"({"token_ids": [1], "sources": [)" + deep + "]}",
+      R"({"token_ids": [1, )" + deep + "]}",
+      R"({"block_hashes": [)" + deep + "]}",
+      R"({"token_ids": [1], "extra": )" + deep + "}",
+      deep,
+  };
+  for (const std::string& body : bodies) {
+    auto q = Parse(body);
+    ASSERT_FALSE(q.ok()) << body.substr(0, 60);
+    EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(q.status().message().find("nested deeper than 64"), std::string::npos)
+        << q.status().message();
+    EXPECT_LT(q.status().message().size(), 200u);
+  }
+  // Shallow but long values are described, not echoed.
+  std::string names = "\"x\"";
+  for (int i = 0; i < 50000; ++i) names += ",\"x\"";
+  auto long_name = Parse(R"({"token_ids": [1], "lora_name": [)" + names + "]}", 100000);
+  ASSERT_FALSE(long_name.ok());
+  EXPECT_LT(long_name.status().message().size(), 200u) << long_name.status().message();
+}
+
+// Issue 10 item 6: the token limit is checked on the text, before a DOM of every token is built.
+TEST(HttpApiTest, RefusesLongArraysBeforeBuildingThem) {
+  std::string body = R"({"token_ids": [1)";
+  for (int i = 0; i < 100000; ++i) body += ",1";
+  body += "]}";
+  auto q = Parse(body, 1000);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find("more than the maximum 1000"), std::string::npos)
+      << q.status().message();
+}
+
 TEST(HttpApiTest, RequestAndResponseRoundTrip) {
   ScoreQuery q;
   q.token_ids = {5, 6, 7};

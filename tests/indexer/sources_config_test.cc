@@ -133,5 +133,20 @@ TEST(SourcesConfigTest, HttpAddresses) {
   EXPECT_FALSE(IsLoopbackHost("10.1.2.3"));
 }
 
+// Issue 10 item 1: the error message dump()ed a 10^5-deep value and overflowed the stack.
+TEST(SourcesConfigTest, RefusesDeepNestingInABoundedMessage) {
+  auto c = ParseIndexerConfig(
+      "{\"max_query_tokens\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+      "cfg.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cfg.json: JSON nested deeper than 64"), std::string::npos)
+      << c.status().message();
+  // A shallow wrong value is described, not echoed.
+  auto wide =
+      ParseIndexerConfig("{\"max_query_tokens\": [" + std::string(100000, '7') + "0]}", "cfg.json");
+  ASSERT_FALSE(wide.ok());
+  EXPECT_LT(wide.status().message().size(), 300u) << wide.status().message();
+}
+
 }  // namespace
 }  // namespace kvo

@@ -696,5 +696,12 @@ TEST(OffloadConfigSchemaTest, EvictionPolicyExamplesAreSupported) {
   }
 }
 
+// Issue 10 item 1: the error message dump()ed a 10^5-deep value and overflowed the stack.
+TEST(OffloadConfigTest, RefusesDeepNestingInABoundedMessage) {
+  ExpectRejected(
+      "{\"cpu_bytes_to_use\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+      {"nested deeper than 64"});
+}
+
 }  // namespace
 }  // namespace kvo

@@ -86,5 +86,31 @@ TEST(RequestParamsTest, LoadTierFilter) {
   EXPECT_EQ(warnings.size(), 2u);
 }
 
+// Issue 10 item 1: request params arrive as values built elsewhere; a warning about a 10^5-deep
+// value dump()ed it (stack overflow). Now it is described in bounded space.
+TEST(RequestParamsTest, DeepValuesAreDescribedNotDumped) {
+  auto deep = [] {  // built by moves: a copy would recurse per level too
+    json v = json::array();
+    for (int i = 0; i < 100000; ++i) {
+      json next = json::array();
+      next.push_back(std::move(v));
+      v = std::move(next);
+    }
+    return v;
+  };
+  json params = json::object();
+  params["max_offload_tokens"] = deep();
+  params["kv_load_tiers"] = json::array({json::object()});
+  params["kv_load_tiers"][0]["medium"] = deep();
+  std::string warning;
+  EXPECT_EQ(ParseMaxOffloadTokens(params, &warning), std::nullopt);
+  EXPECT_NE(warning.find("got an array of 1 element"), std::string::npos) << warning;
+  std::vector<std::string> warnings;
+  auto filter = ParseLoadTierFilter(params, &warnings);
+  (void)filter;
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_LT(warnings.front().size(), 200u) << warnings.front();
+}
+
 }  // namespace
 }  // namespace kvo
