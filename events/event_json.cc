@@ -310,7 +310,8 @@ Status CheckKeys(const Json& o, const std::string& path, std::initializer_list<c
   for (auto it = o.begin(); it != o.end(); ++it) {
     bool ok = it.key() == "type";
     for (const char* key : known) ok = ok || it.key() == key;
-    if (!ok) return Status::InvalidArgument(path + ": unknown field '" + it.key() + "'");
+    if (!ok)
+      return Status::InvalidArgument(path + ": unknown field '" + CutForMessage(it.key()) + "'");
   }
   return Status::Ok();
 }

@@ -93,8 +93,8 @@ Result<KvEventsConfig> ParseKvEventsConfig(std::string_view text) {
         return WrongType(key, v, "\"map\" or \"array\"");
       }
     } else {
-      return Status::InvalidArgument("--kv-events-config: unknown key '" + key + "' (value " +
-                                     Show(v) + ")");
+      return Status::InvalidArgument("--kv-events-config: unknown key '" + CutForMessage(key) +
+                                     "' (value " + Show(v) + ")");
     }
   }
   if (!publisher_set) {

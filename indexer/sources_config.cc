@@ -96,7 +96,8 @@ Result<HashParityConfig> ParseHashObject(std::string_view origin, const std::str
     } else if (key == "block_size") {
       KVO_RETURN_IF_ERROR(ReadInt(origin, full, value, 1, kMaxBlockSize, &h.block_size));
     } else {
-      return Bad(origin, "unknown key '" + full + "' (expected algo, seed, block_size)");
+      return Bad(origin,
+                 "unknown key '" + CutForMessage(full) + "' (expected algo, seed, block_size)");
     }
   }
   return h;
@@ -133,7 +134,7 @@ Result<SourceConfig> ParseSourceObject(std::string_view origin, size_t index, co
       KVO_ASSIGN_OR_RETURN(HashParityConfig h, ParseHashObject(origin, full, value));
       s.hash = h;
     } else {
-      return Bad(origin, "unknown key '" + full +
+      return Bad(origin, "unknown key '" + CutForMessage(full) +
                              "' (expected name, endpoint, replay_endpoint, topic, dp_ranks, "
                              "dp_rank_start, bind, hash)");
     }
@@ -252,7 +253,7 @@ Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view
           c.sources.push_back(std::move(s));
         }
       } else {
-        return Bad(origin, "unknown key '" + key + "'");
+        return Bad(origin, "unknown key '" + CutForMessage(key) + "'");
       }
     }
   } catch (const json::exception& e) {

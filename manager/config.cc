@@ -196,7 +196,8 @@ Result<FsTierConfig> ParseFsTier(const std::string& path, const json& t) {
       if (n < 0) return WrongValue(name, v, "a non-negative integer (0 = unbounded)");
       fs.max_bytes = static_cast<uint64_t>(n);
     } else {
-      return Invalid("'" + path + "': unknown fs tier key '" + key + "' (value " + Show(v) +
+      return Invalid("'" + path + "': unknown fs tier key '" + CutForMessage(key) + "' (value " +
+                     Show(v) +
                      "); vLLM rejects it too (TypeError: unexpected keyword argument); allowed: "
                      "root_dir, n_read_threads, n_write_threads, enable_kv_events, locality, "
                      "max_bytes");
@@ -406,7 +407,11 @@ Result<OffloadConfig> ParseExtra(const json& extra, OffloadConfig c) {
     std::string names;
     for (const std::string& k : c.unknown_keys) {
       if (!names.empty()) names += ", ";
-      names += "'" + k + "'";
+      if (names.size() > 256) {
+        names += "... (" + std::to_string(c.unknown_keys.size()) + " keys)";
+        break;
+      }
+      names += "'" + CutForMessage(k) + "'";
     }
     std::string message = std::string(kCtx) + ": ignoring unknown key(s) " + names +
                           " (vLLM ignores keys it does not read)";
@@ -455,7 +460,8 @@ Result<OffloadConfig> Parse(std::string_view text) {
   c.kv_role = role->get<std::string>();
   for (const auto& [key, v] : doc.items()) {
     if (!Contains(KvTransferConfigKeys(), key)) {
-      Warn(&c, "kv-transfer-config: ignoring unknown key '" + key + "' (value " + Show(v) + ")");
+      Warn(&c, "kv-transfer-config: ignoring unknown key '" + CutForMessage(key) + "' (value " +
+                   Show(v) + ")");
     }
   }
   if (const json* module = FindNonNull(doc, "kv_connector_module_path")) {

@@ -64,7 +64,7 @@ std::optional<std::vector<TierMatcher>> ParseLoadTierFilter(const nlohmann::json
     bool bad = false;
     for (const auto& [k, v] : entry.items()) {
       if (k != "medium" && k != "locality") {
-        Warn(where + ": unknown key '" + k + "'; entry skipped", warnings);
+        Warn(where + ": unknown key '" + CutForMessage(k) + "'; entry skipped", warnings);
         bad = true;
         break;
       }

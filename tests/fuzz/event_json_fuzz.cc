@@ -12,7 +12,6 @@
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
 
   kvo::Result<std::vector<kvo::Value>> extra = kvo::ExtraKeysFromJsonText(input, "--extra-keys");

@@ -84,7 +84,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   if (size == 0) return 0;
   const unsigned char mode = data[0];
   std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);

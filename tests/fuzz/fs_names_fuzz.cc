@@ -75,7 +75,6 @@ void CheckKey(const kvo::FsBlockKey& key, uint32_t rank) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   CheckName(input);
   // Group and rank from the input's last bytes: any u32.

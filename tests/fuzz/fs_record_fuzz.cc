@@ -55,7 +55,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   if (size == 0 || size > (1 << 16)) return 0;
   std::string_view in(reinterpret_cast<const char*>(data), size);
   const unsigned char mode = static_cast<unsigned char>(in[0]);

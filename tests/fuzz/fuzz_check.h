@@ -25,22 +25,9 @@ namespace kvo_fuzz {
 // returns (or logs as a warning) stays under this many bytes.
 inline constexpr size_t kMaxMessageBytes = 1024;
 
-// The size of the input being run; targets set it first thing.
-inline size_t g_input_bytes = 0;
-
-// KNOWN (issue 10 item 1, being fixed on another branch): the JSON parsers still put whole JSON
-// values into their messages (dump()), so a message grows with the input. Targets built with
-// KVO_FUZZ_MESSAGES_ECHO_INPUT (tests/fuzz/CMakeLists.txt) check a looser bound until that fix
-// lands: no more than 8 bytes per input byte beyond the 1 KiB (an amplification is still a bug).
-// tests/fuzz/regressions/ holds inputs that fail the strict bound. Remove the definition with the
-// fix.
-inline size_t MessageLimit() {
-#ifdef KVO_FUZZ_MESSAGES_ECHO_INPUT
-  return kMaxMessageBytes + 8 * g_input_bytes;
-#else
-  return kMaxMessageBytes;
-#endif
-}
+// Every message is bounded whatever the input (DESIGN.md §6); tests/fuzz/regressions/ holds the
+// inputs that once broke the bound or the stack (10^5-deep JSON, long keys and values).
+inline size_t MessageLimit() { return kMaxMessageBytes; }
 
 // The first bytes of `s`, printable, for check messages.
 inline std::string Preview(std::string_view s, size_t n = 200) {

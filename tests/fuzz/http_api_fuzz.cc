@@ -109,7 +109,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   if (size == 0) return 0;
   const bool explain = data[0] & 1;
   std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);

@@ -18,7 +18,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   kvo::Result<kvo::IndexerConfig> c = kvo::ParseIndexerConfig(input, "indexer.json");
   if (!c.ok()) {

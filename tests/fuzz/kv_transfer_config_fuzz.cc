@@ -48,7 +48,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   kvo::Result<kvo::OffloadConfig> c = kvo::ParseOffloadConfig(input);
   kvo::KvGeometry g16;  // 16-token blocks and hashes, one worker

@@ -20,7 +20,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   if (size == 0) return 0;
   std::string_view script(reinterpret_cast<const char*>(data), size);
   const unsigned char mode = static_cast<unsigned char>(script[0]);

@@ -37,7 +37,6 @@ void CheckPayload(std::string_view payload) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view in(reinterpret_cast<const char*>(data), size);
   std::vector<std::string_view> frames;
   while (!in.empty() && frames.size() < 8) {

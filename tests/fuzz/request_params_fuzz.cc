@@ -21,7 +21,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   nlohmann::json params = nlohmann::json::parse(input, nullptr, /*allow_exceptions=*/false);
   if (params.is_discarded()) return 0;

@@ -33,7 +33,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  kvo_fuzz::g_input_bytes = size;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   const std::string path = g_root + "/trace.jsonl";
   {
