@@ -15,11 +15,6 @@ C=.device/carry
 rm -rf "$S" "$C"
 mkdir -p "$S" "$C/lib" "$C/src" "$C/pyinc"
 git archive HEAD | tar -x -C "$S"
-# HEAD's kvo_module.cc still reads OffloadingEvent::all_cleared, which the manager dropped
-# (ecaff63: ResetCache announces a CPU removal with reason "cleared"); patched in the snapshot only.
-if ! grep -q "all_cleared" "$S/manager/offload_manager.h"; then
-  sed -i 's/pe.all_cleared = e.all_cleared;/pe.all_cleared = false;/' "$S/python/src/kvo_module.cc"
-fi
 [ -f /work/ccache.env ] && . /work/ccache.env
 cmake -S "$S" -B "$S/build/gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVO_BUILD_TESTS=OFF \
   -DKVO_BUILD_BENCH=OFF -DPython3_EXECUTABLE=/usr/bin/python3 >/dev/null

@@ -235,9 +235,8 @@ class KvoManager(_base.OffloadingManager):
         self._m.on_request_finished(req_context)
 
     def take_events(self):
-        # kvo's AllBlocksCleared marker (reset_cache) has no OffloadingEvent form: vLLM's
-        # connector announces the reset itself.
-        return [_event(e) for e in self._m.take_events() if not e.all_cleared]
+        # reset_cache announces its CPU blocks removed (reason "cleared"), as ordinary events.
+        return [_event(e) for e in self._m.take_events()]
 
     def on_schedule_end(self, context=None):
         self._m.on_schedule_end()

@@ -222,7 +222,6 @@ struct PyEvent {
   std::optional<std::string> locality;
   std::string reason;
   int32_t tier = 0;
-  bool all_cleared = false;
 };
 
 py::dict StatsDict(const ManagerStats& s) {
@@ -450,7 +449,6 @@ class PyManager {
       pe.locality = e.locality;
       pe.reason = e.reason;
       pe.tier = e.tier;
-      pe.all_cleared = e.all_cleared;
       out[i] = py::cast(std::move(pe));
     }
     return out;
@@ -853,10 +851,9 @@ PYBIND11_MODULE(_kvo, m) {
       .def_readonly("locality", &PyEvent::locality)
       .def_readonly("reason", &PyEvent::reason)
       .def_readonly("tier", &PyEvent::tier)
-      .def_readonly("all_cleared", &PyEvent::all_cleared)
       .def("__repr__", [](const PyEvent& e) {
         return "OffloadingEvent(" + std::to_string(py::len(e.keys)) + " keys, " + e.medium +
-               (e.removed ? ", removed" : "") + (e.all_cleared ? ", all_cleared" : "") + ")";
+               (e.removed ? ", removed" : "") + ")";
       });
 
   py::class_<PyManager> manager_cls(

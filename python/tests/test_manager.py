@@ -84,7 +84,8 @@ def test_requests_and_schedule_calls():
     m.reset_cache()
     assert m.lookup(key(1)) == LookupResult.MISS
     ev = m.take_events()
-    assert ev[-1].all_cleared
+    # A reset announces the CPU blocks removed (reason "cleared"): what vLLM's consumers read.
+    assert ev[-1].removed and ev[-1].reason == "cleared" and ev[-1].keys == [key(1)]
     m.shutdown()
     with pytest.raises(kvo.ContractError):
         m.lookup(key(1))
