@@ -23,6 +23,7 @@
 #include <variant>
 
 #include "common/check.h"
+#include "common/json.h"
 
 namespace kvo {
 namespace {
@@ -642,7 +643,7 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
 Result<HashAlgo> ParseHashAlgo(std::string_view name) {
   if (name == "sha256") return HashAlgo::kSha256;
   if (name == "sha256_cbor") return HashAlgo::kSha256Cbor;
-  return Status::InvalidArgument("unknown block hash algorithm '" + std::string(name) +
+  return Status::InvalidArgument("unknown block hash algorithm '" + CutForMessage(name) +
                                  "' (supported: sha256, sha256_cbor)");
 }
 

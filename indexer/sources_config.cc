@@ -20,7 +20,8 @@ Status Bad(std::string_view origin, const std::string& what) {
 
 Status WrongType(std::string_view origin, const std::string& key, const json& v,
                  const char* expected) {
-  return Bad(origin, "'" + key + "' must be " + expected + ", got " + DescribeJson(v));
+  return Bad(origin,
+             "'" + CutForMessage(key) + "' must be " + expected + ", got " + DescribeJson(v));
 }
 
 Status ReadInt(std::string_view origin, const std::string& key, const json& v, int64_t min,
@@ -31,7 +32,7 @@ Status ReadInt(std::string_view origin, const std::string& key, const json& v, i
   }
   int64_t i = v.get<int64_t>();
   if (i < min || i > max) {
-    return Bad(origin, "'" + key + "' must be in [" + std::to_string(min) + ", " +
+    return Bad(origin, "'" + CutForMessage(key) + "' must be in [" + std::to_string(min) + ", " +
                            std::to_string(max) + "], got " + std::to_string(i));
   }
   *out = i;
@@ -50,9 +51,9 @@ Result<int64_t> ParseIntText(std::string_view key, std::string_view text, int64_
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || ptr != text.data() + text.size() || v < min || v > max) {
-    return Status::InvalidArgument("'" + std::string(key) + "' must be an integer in [" +
+    return Status::InvalidArgument("'" + CutForMessage(key) + "' must be an integer in [" +
                                    std::to_string(min) + ", " + std::to_string(max) + "], got '" +
-                                   std::string(text) + "'");
+                                   CutForMessage(text) + "'");
   }
   return v;
 }
@@ -84,7 +85,8 @@ Result<HashParityConfig> ParseHashObject(std::string_view origin, const std::str
       std::string name;
       KVO_RETURN_IF_ERROR(ReadString(origin, full, value, &name));
       auto algo = ParseHashAlgo(name);
-      if (!algo.ok()) return Bad(origin, "'" + full + "': " + algo.status().message());
+      if (!algo.ok())
+        return Bad(origin, "'" + CutForMessage(full) + "': " + algo.status().message());
       h.algo = *algo;
     } else if (key == "seed") {
       // PYTHONHASHSEED is a string; accept an integer for convenience.
@@ -150,7 +152,7 @@ Result<SourceConfig> ParseSourceObject(std::string_view origin, size_t index, co
 
 Status ValidateSource(const SourceConfig& s) {
   if (!ValidName(s.name)) {
-    return Status::InvalidArgument("source name '" + s.name +
+    return Status::InvalidArgument("source name '" + CutForMessage(s.name) +
                                    "' must be 1-128 characters of [A-Za-z0-9_.:@-]");
   }
   KVO_RETURN_IF_ERROR(ValidEndpoint(s.name, "endpoint", s.endpoint));
@@ -158,19 +160,19 @@ Status ValidateSource(const SourceConfig& s) {
     KVO_RETURN_IF_ERROR(ValidEndpoint(s.name, "replay_endpoint", *s.replay_endpoint));
   }
   if (s.dp_ranks < 1 || s.dp_ranks > kMaxRanks) {
-    return Status::InvalidArgument("source '" + s.name + "': dp_ranks must be in [1, " +
-                                   std::to_string(kMaxRanks) + "], got " +
-                                   std::to_string(s.dp_ranks));
+    return Status::InvalidArgument("source '" + CutForMessage(s.name) +
+                                   "': dp_ranks must be in [1, " + std::to_string(kMaxRanks) +
+                                   "], got " + std::to_string(s.dp_ranks));
   }
   if (s.dp_rank_start < 0 || s.dp_rank_start > kMaxRanks) {
-    return Status::InvalidArgument("source '" + s.name + "': dp_rank_start must be in [0, " +
-                                   std::to_string(kMaxRanks) + "], got " +
-                                   std::to_string(s.dp_rank_start));
+    return Status::InvalidArgument("source '" + CutForMessage(s.name) +
+                                   "': dp_rank_start must be in [0, " + std::to_string(kMaxRanks) +
+                                   "], got " + std::to_string(s.dp_rank_start));
   }
   if (s.hash && (s.hash->block_size < 1 || s.hash->block_size > kMaxBlockSize)) {
-    return Status::InvalidArgument("source '" + s.name + "': block_size must be in [1, " +
-                                   std::to_string(kMaxBlockSize) + "], got " +
-                                   std::to_string(s.hash->block_size));
+    return Status::InvalidArgument("source '" + CutForMessage(s.name) +
+                                   "': block_size must be in [1, " + std::to_string(kMaxBlockSize) +
+                                   "], got " + std::to_string(s.hash->block_size));
   }
   auto streams = ExpandStreams(s);
   return streams.ok() ? Status::Ok() : streams.status();
@@ -182,12 +184,12 @@ Status ValidateSources(const std::vector<SourceConfig>& sources) {
   for (const SourceConfig& s : sources) {
     KVO_RETURN_IF_ERROR(ValidateSource(s));
     if (!names.insert(s.name).second) {
-      return Status::InvalidArgument("source name '" + s.name + "' is used twice");
+      return Status::InvalidArgument("source name '" + CutForMessage(s.name) + "' is used twice");
     }
     KVO_ASSIGN_OR_RETURN(std::vector<SourceStream> streams, ExpandStreams(s));
     for (const SourceStream& st : streams) {
       if (!endpoints.insert(st.endpoint).second) {
-        return Status::InvalidArgument("source '" + s.name + "' rank " +
+        return Status::InvalidArgument("source '" + CutForMessage(s.name) + "' rank " +
                                        std::to_string(st.dp_rank) + ": endpoint '" + st.endpoint +
                                        "' is already used by another source or rank");
       }
@@ -204,11 +206,12 @@ Result<std::vector<SourceStream>> ExpandStreams(const SourceConfig& s) {
     st.source = s.name;
     st.dp_rank = rank;
     auto ep = OffsetEndpointPort(s.endpoint, rank);
-    if (!ep.ok()) return ep.status().WithContext("source '" + s.name + "'");
+    if (!ep.ok()) return ep.status().WithContext("source '" + CutForMessage(s.name) + "'");
     st.endpoint = *ep;
     if (s.replay_endpoint) {
       auto rep = OffsetEndpointPort(*s.replay_endpoint, rank);
-      if (!rep.ok()) return rep.status().WithContext("source '" + s.name + "' replay_endpoint");
+      if (!rep.ok())
+        return rep.status().WithContext("source '" + CutForMessage(s.name) + "' replay_endpoint");
       st.replay_endpoint = *rep;
     }
     out.push_back(std::move(st));
@@ -270,7 +273,7 @@ Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view
 
 Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
   auto bad = [&](const std::string& what) {
-    return Status::InvalidArgument("--source '" + std::string(flag) + "': " + what);
+    return Status::InvalidArgument("--source '" + CutForMessage(flag) + "': " + what);
   };
   size_t eq = flag.find('=');
   if (eq == std::string_view::npos || eq == 0) return bad("expected NAME=ENDPOINT[,key=value...]");
@@ -286,7 +289,7 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
     std::string_view item = rest.substr(0, comma);
     size_t keq = item.find('=');
     if (keq == std::string_view::npos)
-      return bad("expected key=value, got '" + std::string(item) + "'");
+      return bad("expected key=value, got '" + CutForMessage(item) + "'");
     std::string key(item.substr(0, keq));
     std::string_view value = item.substr(keq + 1);
     if (key == "replay") {
@@ -318,7 +321,7 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
       if (!hash) hash.emplace();
       hash->block_size = *v;
     } else {
-      return bad("unknown key '" + key +
+      return bad("unknown key '" + CutForMessage(key) +
                  "' (expected replay, topic, dp_ranks, dp_rank_start, bind, hash_algo, hash_seed, "
                  "block_size)");
     }
@@ -331,7 +334,7 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
 
 Result<HttpAddress> ParseHttpAddress(std::string_view text) {
   auto bad = [&](const char* why) {
-    return Status::InvalidArgument("HTTP address '" + std::string(text) + "': " + why +
+    return Status::InvalidArgument("HTTP address '" + CutForMessage(text) + "': " + why +
                                    " (expected HOST:PORT, e.g. 127.0.0.1:8080)");
   };
   HttpAddress a;
