@@ -140,7 +140,8 @@ class KvLayout {
 // Checks raw segments: nonzero sizes, no address overflow, alignment (errors name the segment).
 Status ValidateSegments(std::span<const CopySegment> segments, uint64_t alignment);
 
-// Merges segments contiguous on both sides (in order; no reordering).
-void CoalesceSegments(std::vector<CopySegment>* segments);
+// Merges segments contiguous on both sides (in order; no reordering), from index `first` on (the
+// segments before it are left as they are).
+void CoalesceSegments(std::vector<CopySegment>* segments, size_t first = 0);
 
 }  // namespace kvo

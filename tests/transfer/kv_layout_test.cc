@@ -163,6 +163,27 @@ TEST(KvLayoutTest, ValidatesRawSegments) {
   EXPECT_FALSE(ValidateSegments(misaligned, 16).ok());
   std::vector<CopySegment> wrap = {{UINTPTR_MAX - 8, 0x2000, 64}};
   EXPECT_FALSE(ValidateSegments(wrap, 1).ok());
+  Status misaligned_status = ValidateSegments(misaligned, 16);
+  EXPECT_EQ(misaligned_status.message(), "segment 0 not aligned to 16 bytes");
+}
+
+// Coalescing from an index on leaves the segments before it alone (ExpandBlockSpec appends a
+// job's segments to what the caller already holds and coalesces only its own).
+TEST(KvLayoutTest, CoalescesOnlyFromTheFirstIndexGiven) {
+  std::vector<CopySegment> segs = {{0x1000, 0x9000, 64},
+                                   {0x1040, 0x9040, 64},  // contiguous, kept apart
+                                   {0x2000, 0xa000, 64},
+                                   {0x2040, 0xa040, 64},
+                                   {0x3000, 0xb000, 32}};  // first two merge
+  CoalesceSegments(&segs, 2);
+  std::vector<CopySegment> want = {
+      {0x1000, 0x9000, 64}, {0x1040, 0x9040, 64}, {0x2000, 0xa000, 128}, {0x3000, 0xb000, 32}};
+  EXPECT_EQ(segs, want);
+  CoalesceSegments(&segs);
+  want = {{0x1000, 0x9000, 128}, {0x2000, 0xa000, 128}, {0x3000, 0xb000, 32}};
+  EXPECT_EQ(segs, want);
+  CoalesceSegments(&segs, 10);  // past the end: nothing to do
+  EXPECT_EQ(segs.size(), 3u);
 }
 
 }  // namespace
