@@ -73,13 +73,7 @@ std::string Next(std::string_view* in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  char tmpl[] = "/tmp/kvo-fsconfig-fuzz-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) std::abort();
-  g_root = tmpl;
-  std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(g_root, ec);
-  });
+  g_root = kvo_fuzz::MakeScratchRoot("fsconfig");
   return 0;
 }
 

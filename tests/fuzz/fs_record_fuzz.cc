@@ -48,13 +48,7 @@ void WriteRaw(const std::string& path, std::string_view bytes) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  char tmpl[] = "/tmp/kvo-fsrecord-fuzz-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) std::abort();
-  g_root = tmpl;
-  std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(g_root, ec);
-  });
+  g_root = kvo_fuzz::MakeScratchRoot("fsrecord");
   return 0;
 }
 

@@ -15,7 +15,10 @@
     }                                                                               \
   } while (0)
 
+#include <stdlib.h>
+
 #include <cstddef>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -37,6 +40,20 @@ inline std::string Preview(std::string_view s, size_t n = 200) {
   }
   if (s.size() > n) out += "...";
   return out;
+}
+
+// A scratch directory under /tmp for the whole fuzzing run ("/tmp/kvo-<name>-fuzz-XXXXXX"),
+// removed at exit; aborts when none can be made. Call once, from LLVMFuzzerInitialize.
+inline std::string g_scratch_root;
+inline const std::string& MakeScratchRoot(const std::string& name) {
+  std::string tmpl = "/tmp/kvo-" + name + "-fuzz-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+  g_scratch_root = tmpl;
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(g_scratch_root, ec);
+  });
+  return g_scratch_root;
 }
 
 }  // namespace kvo_fuzz

@@ -110,13 +110,7 @@ std::vector<kvo::JournalRecord> ReadAndVerify(kvo::Journal* journal, const std::
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // torn tails are logged as warnings: expected here
-  char tmpl[] = "/tmp/kvo-journal-fuzz-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) std::abort();
-  g_root = tmpl;
-  std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(g_root, ec);
-  });
+  g_root = kvo_fuzz::MakeScratchRoot("journal");
   return 0;
 }
 

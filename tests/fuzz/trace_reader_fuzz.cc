@@ -22,13 +22,7 @@ std::string g_root;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  char tmpl[] = "/tmp/kvo-trace-fuzz-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) std::abort();
-  g_root = tmpl;
-  std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(g_root, ec);
-  });
+  g_root = kvo_fuzz::MakeScratchRoot("trace");
   return 0;
 }
 
