@@ -3,7 +3,7 @@ include(GoogleTest)
 
 # kvo_add_test(events/codec_test.cc LIBS kvo_events [LABELS unit]): one executable per test file.
 function(kvo_add_test file)
-  cmake_parse_arguments(ARG "" "" "LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "SERIAL" "" "LIBS;LABELS" ${ARGN})
   get_filename_component(name ${file} NAME_WE)
   get_filename_component(dir ${file} DIRECTORY)
   string(REPLACE "/" "_" prefix "${dir}")
@@ -14,8 +14,14 @@ function(kvo_add_test file)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
+  # SERIAL: the test measures wall-clock latency or memory, so ctest -j runs nothing beside it.
+  set(serial FALSE)
+  if(ARG_SERIAL)
+    set(serial TRUE)
+  endif()
   gtest_discover_tests(${target}
     WORKING_DIRECTORY ${KVO_SOURCE_ROOT}
     PROPERTIES LABELS "${ARG_LABELS}" ENVIRONMENT "KVO_SOURCE_ROOT=${KVO_SOURCE_ROOT}"
+               RUN_SERIAL ${serial}
     DISCOVERY_TIMEOUT 60)
 endfunction()

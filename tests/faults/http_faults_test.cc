@@ -113,6 +113,7 @@ class HttpFaultsTest : public ::testing::Test {
   std::unique_ptr<testing::ChildProcess> daemon_;
   int port_ = 0;
   double concurrent_p99_ms_ = 0;
+  int64_t concurrent_failed_ = 0;
   int64_t peak_rss_mb_ = 0;
 };
 
@@ -260,7 +261,11 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
         });
       }
       for (auto& t : clients) t.join();
-      check(bad == 0, std::to_string(bad.load()) + " of 1000 concurrent queries failed");
+      // A query fails here only by running past its 10 s read: a latency promise (LatencyAsserted).
+      if (testing::LatencyAsserted()) {
+        check(bad == 0, std::to_string(bad.load()) + " of 1000 concurrent queries failed");
+      }
+      concurrent_failed_ += bad.load();
       concurrent_p99_ms_ = std::max(concurrent_p99_ms_, Percentile(lat, 0.99));
     }
 
@@ -292,23 +297,27 @@ TEST_F(HttpFaultsTest, HostileClientsDoNotStopHealthz) {
   const double max = Percentile(probe.latencies_ms, 1.0);
   const auto over_100ms = std::count_if(probe.latencies_ms.begin(), probe.latencies_ms.end(),
                                         [](double ms) { return ms >= 100.0; });
-  EXPECT_EQ(probe.failures, 0) << "healthz probes unanswered within 5 s";
-  EXPECT_LT(p99, 100.0) << "healthz p99";
+  if (testing::LatencyAsserted()) {
+    EXPECT_EQ(probe.failures, 0) << "healthz probes unanswered within 5 s";
+    EXPECT_LT(p99, 100.0) << "healthz p99";
+  }
   EXPECT_LT(peak_rss_mb_, 1500) << "peak RSS after 4 x 57 MB bodies";
-  char figures[512];
+  char figures[640];
   std::snprintf(
       figures, sizeof figures,
       "healthz p50 %.1f ms, p99 %.1f ms, max %.1f ms over %zu probes (%lld over 100 ms, %lld "
       "unanswered); "
-      "200 clients p99 %.1f ms; peak RSS after 4 x 57 MB bodies %lld MB",
+      "200 clients p99 %.1f ms (%lld of 1000 past 10 s); peak RSS after 4 x 57 MB bodies %lld "
+      "MB%s",
       p50, p99, max, probe.latencies_ms.size(), static_cast<long long>(over_100ms),
       static_cast<long long>(probe.failures), concurrent_p99_ms_,
-      static_cast<long long>(peak_rss_mb_));
+      static_cast<long long>(concurrent_failed_), static_cast<long long>(peak_rss_mb_),
+      testing::LatencyAsserted() ? "" : " (ThreadSanitizer: latencies reported, not asserted)");
   testing::ReportFault({"http",
                         "deep JSON on every route, huge/chunked/form-encoded bodies, slow and idle "
                         "connections, 200 concurrent clients, 4 x 57 MB bodies",
                         rounds, "every attack answered as specified; /healthz answered throughout",
-                        failed + probe.failures, seed, figures});
+                        failed + (testing::LatencyAsserted() ? probe.failures : 0), seed, figures});
   EXPECT_GT(checked, 0);
 }
 

@@ -27,4 +27,21 @@ int FaultTrials(int quick, int long_run);
 // True under tests/faults/run --long.
 bool LongFaultRun();
 
+// Whether this build asserts wall-clock latency promises (e.g. /healthz within 100 ms). False
+// under ThreadSanitizer, which slows every memory access of the daemon several times over: there
+// the latencies are measured and reported, and the correctness checks still hold.
+constexpr bool LatencyAsserted() {
+#if defined(__SANITIZE_THREAD__)
+  return false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  return false;
+#else
+  return true;
+#endif
+#else
+  return true;
+#endif
+}
+
 }  // namespace kvo::testing
