@@ -215,11 +215,26 @@ class ZmqSubscriber final : public Subscriber {
       MutexLock lock(&mu_);
       stats_.batches_lost += to - from;
     }
+    lost_ranges_.push_back({from, to, clock_->MonotonicNanos()});
+    if (lost_ranges_.size() > kMaxLostRanges) lost_ranges_.pop_front();
     Notice(NoticeKind::kGapUnrecoverable, from, to, std::move(why));
+  }
+
+  // Whether `seq` lies in a range this stream reported lost within the last kLateWindowNs: what a
+  // stalled consumer's SUB queue still holds when a replay has moved the stream past it. Older
+  // ranges do not count, so a publisher that restarts later (its seq back inside an old lost
+  // range) is still a restart.
+  bool LateInLostRange(uint64_t seq) const {
+    const int64_t now = clock_->MonotonicNanos();
+    for (const LostRange& r : lost_ranges_) {
+      if (seq >= r.from && seq < r.to && now - r.reported_ns < kLateWindowNs) return true;
+    }
+    return false;
   }
 
   // The publisher restarted: everything delivered belongs to the old stream.
   void Restart(uint64_t from, uint64_t to, std::string why) {
+    lost_ranges_.clear();
     {
       MutexLock lock(&mu_);
       ++stats_.restarts;
@@ -310,6 +325,14 @@ class ZmqSubscriber final : public Subscriber {
       if (known && *known == zmq_util::PayloadDigest(payload)) {
         MutexLock lock(&mu_);
         ++stats_.duplicates_dropped;
+        return Status::Ok();
+      }
+      if (!known && LateInLostRange(seq)) {
+        // A batch of a range already reported lost, arriving late from the SUB queue of a
+        // stalled consumer after a replay moved the stream past it: not a restart (a restarted
+        // publisher is still seen by a seq outside those ranges, or by a verify replay).
+        MutexLock lock(&mu_);
+        ++stats_.late_dropped;
         return Status::Ok();
       }
       Restart(seq, *next_expected_,
@@ -561,8 +584,16 @@ class ZmqSubscriber final : public Subscriber {
   std::deque<ReceivedBatch> ready_;
   std::vector<SubscriberNotice> notices_;
   std::optional<uint64_t> next_expected_;  // the seq that continues the stream
-  std::optional<ReplayState> replay_;      // the replay being answered
-  std::optional<Frames> held_live_;        // the live message a gap replay runs for
+  // Ranges reported lost since the last restart, newest last (bounded).
+  struct LostRange {
+    uint64_t from = 0, to = 0;
+    int64_t reported_ns = 0;
+  };
+  static constexpr size_t kMaxLostRanges = 64;
+  static constexpr int64_t kLateWindowNs = 1'000'000'000;
+  std::deque<LostRange> lost_ranges_;
+  std::optional<ReplayState> replay_;  // the replay being answered
+  std::optional<Frames> held_live_;    // the live message a gap replay runs for
   bool last_replay_failed_ = false;
   std::deque<uint64_t> digests_;  // digests_[i]: the batch delivered for seq digest_base_ + i
   uint64_t digest_base_ = 0;

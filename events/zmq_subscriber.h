@@ -91,6 +91,7 @@ struct SubscriberStats {
   uint64_t live_received = 0;
   uint64_t replayed_received = 0;
   uint64_t duplicates_dropped = 0;
+  uint64_t late_dropped = 0;  // live batches of a range already reported lost (a stalled queue)
   uint64_t gaps_filled = 0;
   uint64_t batches_lost = 0;
   uint64_t restarts = 0;

@@ -44,4 +44,8 @@ constexpr bool LatencyAsserted() {
 #endif
 }
 
+// Whether this build asserts memory promises (RSS flat under churn): false under ThreadSanitizer,
+// whose shadow memory and access history grow with the daemon's activity.
+constexpr bool MemoryAsserted() { return LatencyAsserted(); }
+
 }  // namespace kvo::testing
