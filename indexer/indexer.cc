@@ -36,6 +36,11 @@ constexpr char kSchemaSql[] =
 #include "index_schema.inc"
     ;
 
+// Version 1 -> 2: the registrations table (schemas/index.sql).
+constexpr char kMigrateV1ToV2[] =
+    "CREATE TABLE registrations (name TEXT PRIMARY KEY, body TEXT NOT NULL, "
+    "created_at REAL NOT NULL) WITHOUT ROWID; PRAGMA user_version = 2;";
+
 enum RowKind : int64_t { kStore = 1, kRemove = 2, kClearAll = 3 };
 
 // An annotated reader/writer lock (common/mutex.h has only the exclusive kind).
@@ -423,7 +428,17 @@ Status Indexer::Impl::OpenDb() {
                                 "version " +
                                 std::to_string(version) + "; refusing to open it");
     }
-    // Migrations from older versions would run here, one transaction per step (none yet: v1).
+    // Migrations from older versions, one transaction per step. A read-only open leaves the
+    // file as it is (Registrations() then reports none).
+    if (version == 1 && !opt.read_only) {
+      KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
+      Status s = Exec(db, kMigrateV1ToV2, path);
+      if (!s.ok()) {
+        (void)Exec(db, "ROLLBACK", path);
+        return s;
+      }
+      KVO_RETURN_IF_ERROR(Exec(db, "COMMIT", path));
+    }
   }
   if (!opt.read_only) {
     KVO_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode = WAL", path));
@@ -1193,6 +1208,48 @@ Status Indexer::Compact(int64_t max_rows) {
     left -= folded;
   }
   return Status::Ok();
+}
+
+Status Indexer::PutRegistration(std::string_view name, std::string_view body) {
+  Impl& d = *impl_;
+  if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
+  MutexLock l(&d.db_mu);
+  Stmt st;
+  KVO_RETURN_IF_ERROR(st.Prepare(
+      d.db, "INSERT OR REPLACE INTO registrations (name, body, created_at) VALUES (?, ?, ?)"));
+  st.Text(1, name);
+  st.Text(2, body);
+  st.Real(3, d.clock->NowSeconds());
+  return StepDone(d.db, st, d.path, "store a registration");
+}
+
+Status Indexer::DeleteRegistration(std::string_view name) {
+  Impl& d = *impl_;
+  if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
+  MutexLock l(&d.db_mu);
+  Stmt st;
+  KVO_RETURN_IF_ERROR(st.Prepare(d.db, "DELETE FROM registrations WHERE name = ?"));
+  st.Text(1, name);
+  return StepDone(d.db, st, d.path, "delete a registration");
+}
+
+Result<std::vector<StoredRegistration>> Indexer::Registrations() const {
+  Impl& d = *impl_;
+  MutexLock l(&d.db_mu);
+  std::vector<StoredRegistration> out;
+  Stmt st;
+  if (!st.Prepare(d.db, "SELECT name, body FROM registrations ORDER BY name").ok()) {
+    if (d.opt.read_only) return out;  // a version-1 file opened read-only: none
+    return Status::Internal("index '" + d.path + "': cannot read registrations: " +
+                            sqlite3_errmsg(d.db));
+  }
+  int rc;
+  while ((rc = st.Step()) == SQLITE_ROW) out.push_back({st.ColText(0), st.ColText(1)});
+  if (rc != SQLITE_DONE) {
+    return Status::IOError("index '" + d.path + "': reading registrations: " +
+                           sqlite3_errmsg(d.db));
+  }
+  return out;
 }
 
 Status Indexer::ClearSource(std::string_view source) { return impl_->Clear(source, std::nullopt); }

@@ -232,10 +232,16 @@ struct DumpEntry {
   uint64_t since_seq = 0;
 };
 
+// A source registered at run time (the daemon's POST /register), as stored in the file.
+struct StoredRegistration {
+  std::string name;
+  std::string body;  // the registration's JSON, as the service wrote it
+};
+
 class Indexer {
  public:
   // The schema version this build writes (PRAGMA user_version).
-  static constexpr int64_t kSchemaVersion = 1;
+  static constexpr int64_t kSchemaVersion = 2;
 
   // Opens (or creates) the index at `path`. Refuses, with a Corruption / FailedPrecondition error
   // naming the file and the reason, a file that is not SQLite, is corrupt, belongs to another
@@ -263,6 +269,13 @@ class Indexer {
   // The same for one stream (source, dp_rank): its sibling ranks keep their entries and
   // checkpoints. Unknown stream: Ok.
   Status ClearStream(std::string_view source, int64_t dp_rank);
+
+  // Registrations (schemas/index.sql `registrations`): stored, replaced (same name) and deleted
+  // durably at return; listed sorted by name. The checkpoints of a registered source are its
+  // streams' (LastSequence), kept by the same file.
+  Status PutRegistration(std::string_view name, std::string_view body);
+  Status DeleteRegistration(std::string_view name);
+  Result<std::vector<StoredRegistration>> Registrations() const;
 
   // Last applied sequence of a stream; NotFound when nothing was applied (new or cleared).
   // After a restart this is the durable checkpoint: resume replay from LastSequence + 1.

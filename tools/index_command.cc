@@ -182,6 +182,7 @@ Status RunServe(const ServeArgs& a) {
   KVO_RETURN_IF_ERROR(ValidateSources(config.sources));
   ServiceOptions options;
   options.allow_remote_http = a.allow_remote;
+  options.allow_remote_sources = a.allow_remote;
   if (a.memory_budget_mb > 0) {
     options.index.memory_budget_bytes = static_cast<size_t>(a.memory_budget_mb) << 20;
   }
