@@ -1240,14 +1240,14 @@ Result<std::vector<StoredRegistration>> Indexer::Registrations() const {
   Stmt st;
   if (!st.Prepare(d.db, "SELECT name, body FROM registrations ORDER BY name").ok()) {
     if (d.opt.read_only) return out;  // a version-1 file opened read-only: none
-    return Status::Internal("index '" + d.path + "': cannot read registrations: " +
-                            sqlite3_errmsg(d.db));
+    return Status::Internal("index '" + d.path +
+                            "': cannot read registrations: " + sqlite3_errmsg(d.db));
   }
   int rc;
   while ((rc = st.Step()) == SQLITE_ROW) out.push_back({st.ColText(0), st.ColText(1)});
   if (rc != SQLITE_DONE) {
-    return Status::IOError("index '" + d.path + "': reading registrations: " +
-                           sqlite3_errmsg(d.db));
+    return Status::IOError("index '" + d.path +
+                           "': reading registrations: " + sqlite3_errmsg(d.db));
   }
   return out;
 }

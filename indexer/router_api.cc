@@ -226,7 +226,8 @@ Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remo
   } else if (type == "SGLang" || type == "sglang") {
     r.type = EngineType::kSglang;
   } else if (type == "Mooncake") {
-    return Bad("'type' 'Mooncake' is not supported: kvo decodes vLLM's event format (vLLM, SGLang)");
+    return Bad(
+        "'type' 'Mooncake' is not supported: kvo decodes vLLM's event format (vLLM, SGLang)");
   } else {
     return Bad("'type' must be \"vLLM\", \"SGLang\" or \"Mooncake\", got '" + CutForMessage(type) +
                "'");
@@ -285,8 +286,8 @@ Result<UnregisterRequest> ParseUnregisterRequest(std::string_view body) {
 
 Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items) {
   const char* route = by_hash ? "/query_by_hash" : "/query";
-  KVO_ASSIGN_OR_RETURN(json o, ParseBody(body, route, max_items,
-                                         by_hash ? "seq_hashes" : "token_ids"));
+  KVO_ASSIGN_OR_RETURN(json o,
+                       ParseBody(body, route, max_items, by_hash ? "seq_hashes" : "token_ids"));
   RouterQuery q;
   KVO_ASSIGN_OR_RETURN(auto model, ModelKey(o));
   if (!model) return Bad("'model' is required");
@@ -324,7 +325,8 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
   } else {
     const json* v = Find(o, "token_ids");
     if (v == nullptr) return Bad("'token_ids' is required");
-    if (!v->is_array()) return Bad("'token_ids' must be an array of integers, got " + DescribeJson(*v));
+    if (!v->is_array())
+      return Bad("'token_ids' must be an array of integers, got " + DescribeJson(*v));
     q.token_ids.reserve(v->size());
     for (size_t i = 0; i < v->size(); ++i) {
       const json& t = (*v)[i];

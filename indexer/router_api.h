@@ -112,8 +112,8 @@ struct InstanceMatch {
 void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, InstanceMatch* m);
 
 // {tenant: {instance_id: {...}}}
-std::string RenderRouterQueryResponse(
-    const std::string& tenant, const std::map<std::string, InstanceMatch>& instances);
+std::string RenderRouterQueryResponse(const std::string& tenant,
+                                      const std::map<std::string, InstanceMatch>& instances);
 
 // {"status": "registered successfully", "instance_id": id}
 std::string RenderRegistered(const std::string& instance_id);

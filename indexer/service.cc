@@ -796,7 +796,8 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
         continue;
       }
       for (const auto& st : streams) {
-        if (st->source == src.get()) targets.push_back({instance, src->config.name, st->stream.dp_rank});
+        if (st->source == src.get())
+          targets.push_back({instance, src->config.name, st->stream.dp_rank});
       }
     }
     std::string why;
@@ -827,8 +828,8 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     sq.block_size = q->block_size;
   }
   if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
-  const bool empty = sq.block_hashes.empty() &&
-                     static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
+  const bool empty =
+      sq.block_hashes.empty() && static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
   if (!targets.empty() && !empty) {
     auto result = index->Explain(sq);
     if (!result.ok()) {
