@@ -546,9 +546,10 @@ TEST_F(IndexCommandTest, FollowsPublishersThroughLateJoinDropsRestartAndKill9) {
 }
 
 TEST_F(IndexCommandTest, RefusesBadConfigurationAndRemoteHttpWithoutConsent) {
-  RunResult none = RunCommand({KVO_BINARY, "index", "serve", "--db", Path("x.sqlite")});
+  // No sources is valid now (registrations come over POST /register); no file is not.
+  RunResult none = RunCommand({KVO_BINARY, "index", "serve", "--http", "127.0.0.1:0"});
   EXPECT_EQ(none.code, 2) << none.err;
-  EXPECT_NE(none.err.find("no sources"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("--db"), std::string::npos) << none.err;
   RunResult bad = RunCommand(
       {KVO_BINARY, "index", "serve", "--db", Path("x.sqlite"), "--source", "a=udp://h:1"});
   EXPECT_EQ(bad.code, 2);
