@@ -1679,6 +1679,48 @@ Result<ScoreResult> Indexer::Score(const ScoreQuery& query) const {
   return impl_->ScoreLocked(query, nullptr, nullptr);
 }
 
+Result<std::vector<Indexer::TieredMatch>> Indexer::Tiered(const ScoreQuery& query) const {
+  const Impl& d = *impl_;
+  ReaderLock l(&d.state_mu);
+  bool by_engine = false;
+  int64_t block_size = 0;
+  KVO_ASSIGN_OR_RETURN(indexer_internal::BlockKeys keys,
+                       d.QueryKeys(query, &by_engine, &block_size));
+  const size_t W = d.mem.words();
+  std::vector<uint64_t> filter(W, 0);
+  for (uint32_t inst = 0; inst < d.mem.instance_count(); ++inst) {
+    bool wanted = query.sources.empty();
+    for (const std::string& name : query.sources) {
+      auto it = d.source_ids.find(name);
+      wanted = wanted || (it != d.source_ids.end() && d.mem.InstanceSource(inst) == it->second);
+    }
+    if (wanted) filter[inst / 64] |= uint64_t{1} << (inst % 64);
+  }
+  std::vector<uint8_t> tiers(d.mem.medium_count(), 3);
+  for (size_t m = 0; m < tiers.size(); ++m) {
+    const std::string& name = d.mem.MediumName(static_cast<uint32_t>(m));
+    if (name == "GPU") {
+      tiers[m] = 0;
+    } else if (name == "CPU") {
+      tiers[m] = 1;
+    } else if (name == "STORAGE" || name == "DISK") {
+      tiers[m] = 2;
+    }
+  }
+  auto bounds = d.mem.TieredScore(keys, by_engine, filter, tiers);
+  d.scores.fetch_add(1, std::memory_order_relaxed);
+  std::vector<TieredMatch> out;
+  for (uint32_t inst = 0; inst < bounds.size(); ++inst) {
+    if ((filter[inst / 64] >> (inst % 64) & 1) == 0 || d.mem.InstanceHidden(inst)) continue;
+    const uint32_t sid = d.mem.InstanceSource(inst);
+    const int64_t rank = d.mem.InstanceRank(inst);
+    if (bounds[inst][2] == 0 && d.streams.find({sid, rank}) == d.streams.end()) continue;
+    out.push_back(
+        {d.source_names[sid - 1], rank, bounds[inst][0], bounds[inst][1], bounds[inst][2]});
+  }
+  return out;
+}
+
 Result<ExplainResult> Indexer::Explain(const ScoreQuery& query) const {
   const Impl& d = *impl_;
   ReaderLock l(&d.state_mu);

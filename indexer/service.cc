@@ -831,14 +831,19 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
   const bool empty =
       sq.block_hashes.empty() && static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
   if (!targets.empty() && !empty) {
-    auto result = index->Explain(sq);
+    auto result = index->Tiered(sq);
     if (!result.ok()) {
       bool bad = result.status().code() == StatusCode::kInvalidArgument;
       (bad ? score_bad : score_err)->Increment();
       return JsonError(bad ? 400 : 500, std::string(result.status().message()));
     }
+    std::map<std::pair<std::string, int64_t>, TierBoundaries> walked;
+    for (const Indexer::TieredMatch& t : *result) {
+      walked[{t.source, t.dp_rank}] = TierBoundaries{t.gpu, t.cpu, t.disk};
+    }
     for (const Target& t : targets) {
-      AddRank(MatchTiers(result->blocks, t.source, t.dp_rank), t.dp_rank, q->block_size,
+      auto it = walked.find({t.source, t.dp_rank});
+      AddRank(it != walked.end() ? it->second : TierBoundaries{}, t.dp_rank, q->block_size,
               &matches[t.instance_id]);
     }
   }

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <random>
 #include <thread>
 
 #include <sqlite3.h>
@@ -330,6 +331,58 @@ TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
   // Nothing registered was lost.
   EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 1u);
   svc->Stop();
+}
+
+// The index's word-parallel tiered walk (Indexer::Tiered, what /query uses) equals the plain
+// block-by-block rule (MatchTiers over Explain's holders) on random tier layouts, prefixes and
+// removals of 70 streams (two bit words).
+TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
+  IndexerOptions o;
+  o.background_thread = false;
+  auto idx = Indexer::Open(dir_.path() + "/tiered.sqlite", o);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  std::mt19937_64 rng(12345);
+  const char* media[] = {kMediumGpu, kMediumCpu, "STORAGE", "kvcr"};
+  std::map<std::pair<std::string, int64_t>, uint64_t> seq;
+  for (int step = 0; step < 600; ++step) {
+    const std::string src = "s" + std::to_string(rng() % 35);
+    const int64_t rank = static_cast<int64_t>(rng() % 2);
+    EventBatch b;
+    if (rng() % 5 == 0) {
+      BlockRemoved r;
+      r.block_hashes = {BlockHash::Uint(11 + rng() % 10)};
+      r.medium = media[rng() % 4];
+      b.events.push_back(r);
+    } else {
+      b = Store(1 + static_cast<int64_t>(rng() % 10), media[rng() % 4], rank);
+    }
+    ASSERT_TRUE((*idx)->ApplyBatch(src, rank, seq[{src, rank}]++, b).ok());
+  }
+  int nontrivial = 0;  // streams where CPU and disk both extend the GPU prefix
+  for (int64_t n : {1, 4, 10, 12}) {
+    for (bool by_hash : {false, true}) {
+      ScoreQuery q;
+      if (by_hash) {
+        for (int64_t i = 0; i < n; ++i) q.block_hashes.push_back(static_cast<uint64_t>(11 + i));
+      } else {
+        q.token_ids = Tokens(n);
+        q.block_size = kBs;
+        q.lora_name = "sql-adapter";
+      }
+      auto tiered = (*idx)->Tiered(q);
+      auto explain = (*idx)->Explain(q);
+      ASSERT_TRUE(tiered.ok() && explain.ok());
+      ASSERT_EQ(tiered->size(), seq.size());
+      for (const Indexer::TieredMatch& t : *tiered) {
+        TierBoundaries want = MatchTiers(explain->blocks, t.source, t.dp_rank);
+        EXPECT_EQ(t.gpu, want.gpu) << t.source << "/" << t.dp_rank << " n " << n;
+        EXPECT_EQ(t.cpu, want.cpu) << t.source << "/" << t.dp_rank << " n " << n;
+        EXPECT_EQ(t.disk, want.disk) << t.source << "/" << t.dp_rank << " n " << n;
+        nontrivial += t.gpu < t.cpu && t.cpu < t.disk ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(nontrivial, 0);
 }
 
 // A version-1 file (before registrations) gains the table at open, keeping its content.
