@@ -36,6 +36,11 @@ constexpr char kSchemaSql[] =
 #include "index_schema.inc"
     ;
 
+// Version 1 -> 2: the registrations table (schemas/index.sql).
+constexpr char kMigrateV1ToV2[] =
+    "CREATE TABLE registrations (name TEXT PRIMARY KEY, body TEXT NOT NULL, "
+    "created_at REAL NOT NULL) WITHOUT ROWID; PRAGMA user_version = 2;";
+
 enum RowKind : int64_t { kStore = 1, kRemove = 2, kClearAll = 3 };
 
 // An annotated reader/writer lock (common/mutex.h has only the exclusive kind).
@@ -423,7 +428,17 @@ Status Indexer::Impl::OpenDb() {
                                 "version " +
                                 std::to_string(version) + "; refusing to open it");
     }
-    // Migrations from older versions would run here, one transaction per step (none yet: v1).
+    // Migrations from older versions, one transaction per step. A read-only open leaves the
+    // file as it is (Registrations() then reports none).
+    if (version == 1 && !opt.read_only) {
+      KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
+      Status s = Exec(db, kMigrateV1ToV2, path);
+      if (!s.ok()) {
+        (void)Exec(db, "ROLLBACK", path);
+        return s;
+      }
+      KVO_RETURN_IF_ERROR(Exec(db, "COMMIT", path));
+    }
   }
   if (!opt.read_only) {
     KVO_RETURN_IF_ERROR(Exec(db, "PRAGMA journal_mode = WAL", path));
@@ -1195,6 +1210,48 @@ Status Indexer::Compact(int64_t max_rows) {
   return Status::Ok();
 }
 
+Status Indexer::PutRegistration(std::string_view name, std::string_view body) {
+  Impl& d = *impl_;
+  if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
+  MutexLock l(&d.db_mu);
+  Stmt st;
+  KVO_RETURN_IF_ERROR(st.Prepare(
+      d.db, "INSERT OR REPLACE INTO registrations (name, body, created_at) VALUES (?, ?, ?)"));
+  st.Text(1, name);
+  st.Text(2, body);
+  st.Real(3, d.clock->NowSeconds());
+  return StepDone(d.db, st, d.path, "store a registration");
+}
+
+Status Indexer::DeleteRegistration(std::string_view name) {
+  Impl& d = *impl_;
+  if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
+  MutexLock l(&d.db_mu);
+  Stmt st;
+  KVO_RETURN_IF_ERROR(st.Prepare(d.db, "DELETE FROM registrations WHERE name = ?"));
+  st.Text(1, name);
+  return StepDone(d.db, st, d.path, "delete a registration");
+}
+
+Result<std::vector<StoredRegistration>> Indexer::Registrations() const {
+  Impl& d = *impl_;
+  MutexLock l(&d.db_mu);
+  std::vector<StoredRegistration> out;
+  Stmt st;
+  if (!st.Prepare(d.db, "SELECT name, body FROM registrations ORDER BY name").ok()) {
+    if (d.opt.read_only) return out;  // a version-1 file opened read-only: none
+    return Status::Internal("index '" + d.path +
+                            "': cannot read registrations: " + sqlite3_errmsg(d.db));
+  }
+  int rc;
+  while ((rc = st.Step()) == SQLITE_ROW) out.push_back({st.ColText(0), st.ColText(1)});
+  if (rc != SQLITE_DONE) {
+    return Status::IOError("index '" + d.path +
+                           "': reading registrations: " + sqlite3_errmsg(d.db));
+  }
+  return out;
+}
+
 Status Indexer::ClearSource(std::string_view source) { return impl_->Clear(source, std::nullopt); }
 
 Status Indexer::ClearStream(std::string_view source, int64_t dp_rank) {
@@ -1620,6 +1677,48 @@ Result<ScoreResult> Indexer::Impl::ScoreLocked(const ScoreQuery& q, std::vector<
 Result<ScoreResult> Indexer::Score(const ScoreQuery& query) const {
   ReaderLock l(&impl_->state_mu);
   return impl_->ScoreLocked(query, nullptr, nullptr);
+}
+
+Result<std::vector<Indexer::TieredMatch>> Indexer::Tiered(const ScoreQuery& query) const {
+  const Impl& d = *impl_;
+  ReaderLock l(&d.state_mu);
+  bool by_engine = false;
+  int64_t block_size = 0;
+  KVO_ASSIGN_OR_RETURN(indexer_internal::BlockKeys keys,
+                       d.QueryKeys(query, &by_engine, &block_size));
+  const size_t W = d.mem.words();
+  std::vector<uint64_t> filter(W, 0);
+  for (uint32_t inst = 0; inst < d.mem.instance_count(); ++inst) {
+    bool wanted = query.sources.empty();
+    for (const std::string& name : query.sources) {
+      auto it = d.source_ids.find(name);
+      wanted = wanted || (it != d.source_ids.end() && d.mem.InstanceSource(inst) == it->second);
+    }
+    if (wanted) filter[inst / 64] |= uint64_t{1} << (inst % 64);
+  }
+  std::vector<uint8_t> tiers(d.mem.medium_count(), 3);
+  for (size_t m = 0; m < tiers.size(); ++m) {
+    const std::string& name = d.mem.MediumName(static_cast<uint32_t>(m));
+    if (name == "GPU") {
+      tiers[m] = 0;
+    } else if (name == "CPU") {
+      tiers[m] = 1;
+    } else if (name == "STORAGE" || name == "DISK") {
+      tiers[m] = 2;
+    }
+  }
+  auto bounds = d.mem.TieredScore(keys, by_engine, filter, tiers);
+  d.scores.fetch_add(1, std::memory_order_relaxed);
+  std::vector<TieredMatch> out;
+  for (uint32_t inst = 0; inst < bounds.size(); ++inst) {
+    if ((filter[inst / 64] >> (inst % 64) & 1) == 0 || d.mem.InstanceHidden(inst)) continue;
+    const uint32_t sid = d.mem.InstanceSource(inst);
+    const int64_t rank = d.mem.InstanceRank(inst);
+    if (bounds[inst][2] == 0 && d.streams.find({sid, rank}) == d.streams.end()) continue;
+    out.push_back(
+        {d.source_names[sid - 1], rank, bounds[inst][0], bounds[inst][1], bounds[inst][2]});
+  }
+  return out;
 }
 
 Result<ExplainResult> Indexer::Explain(const ScoreQuery& query) const {

@@ -232,10 +232,16 @@ struct DumpEntry {
   uint64_t since_seq = 0;
 };
 
+// A source registered at run time (the daemon's POST /register), as stored in the file.
+struct StoredRegistration {
+  std::string name;
+  std::string body;  // the registration's JSON, as the service wrote it
+};
+
 class Indexer {
  public:
   // The schema version this build writes (PRAGMA user_version).
-  static constexpr int64_t kSchemaVersion = 1;
+  static constexpr int64_t kSchemaVersion = 2;
 
   // Opens (or creates) the index at `path`. Refuses, with a Corruption / FailedPrecondition error
   // naming the file and the reason, a file that is not SQLite, is corrupt, belongs to another
@@ -264,6 +270,13 @@ class Indexer {
   // checkpoints. Unknown stream: Ok.
   Status ClearStream(std::string_view source, int64_t dp_rank);
 
+  // Registrations (schemas/index.sql `registrations`): stored, replaced (same name) and deleted
+  // durably at return; listed sorted by name. The checkpoints of a registered source are its
+  // streams' (LastSequence), kept by the same file.
+  Status PutRegistration(std::string_view name, std::string_view body);
+  Status DeleteRegistration(std::string_view name);
+  Result<std::vector<StoredRegistration>> Registrations() const;
+
   // Last applied sequence of a stream; NotFound when nothing was applied (new or cleared).
   // After a restart this is the durable checkpoint: resume replay from LastSequence + 1.
   Result<uint64_t> LastSequence(std::string_view source, int64_t dp_rank = 0) const;
@@ -275,6 +288,19 @@ class Indexer {
 
   Result<ScoreResult> Score(const ScoreQuery& query) const;
   Result<ExplainResult> Explain(const ScoreQuery& query) const;
+
+  // The router API's tiered match (indexer/router_api.h): for every stream of `query.sources`
+  // (every stream when empty; weights ignored), the GPU prefix, then the boundary reached through
+  // blocks on GPU or CPU, then on GPU, CPU or STORAGE/DISK, in blocks. Streams not seen (or
+  // cleared) are left out. Same cost class as Score (word-parallel walk, no holder lists).
+  struct TieredMatch {
+    std::string source;
+    int64_t dp_rank = 0;
+    int64_t gpu = 0;
+    int64_t cpu = 0;
+    int64_t disk = 0;
+  };
+  Result<std::vector<TieredMatch>> Tiered(const ScoreQuery& query) const;
 
   IndexerStats Stats() const;
   // Calls fn for every held entry (sorted by source, rank, medium, group, engine hash) until it

@@ -190,6 +190,79 @@ void MemoryIndex::Touch(uint32_t node, uint32_t tick) {
   std::atomic_ref<uint32_t>(nodes_[node].last_used).store(tick, std::memory_order_relaxed);
 }
 
+std::vector<std::array<int64_t, 3>> MemoryIndex::TieredScore(
+    BlockKeys& keys, bool by_engine, const std::vector<uint64_t>& filter,
+    const std::vector<uint8_t>& tier_of_medium) const {
+  const size_t W = words_;
+  const size_t M = media_.size();
+  const size_t N = keys.size();
+  const size_t n_inst = instances_.size();
+  std::vector<std::array<int64_t, 3>> out(n_inst, {0, 0, 0});
+  // phase[t]: instances whose walk is in tier t (0 GPU, 1 GPU|CPU, 2 any).
+  std::vector<uint64_t> phase[3] = {std::vector<uint64_t>(W, 0), std::vector<uint64_t>(W, 0),
+                                    std::vector<uint64_t>(W, 0)};
+  for (size_t w = 0; w < W && w < filter.size(); ++w) phase[0][w] = filter[w];
+  for (size_t w = 0; w < W; ++w) {
+    const size_t lo = w * 64;
+    if (lo >= n_inst) {
+      phase[0][w] = 0;
+    } else if (n_inst - lo < 64) {
+      phase[0][w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+    }
+  }
+  for (uint32_t inst = 0; inst < n_inst; ++inst) {
+    if (instances_[inst].hidden) phase[0][inst / 64] &= ~(uint64_t{1} << (inst % 64));
+  }
+  // Instances leaving tier t at block i: their boundary t (and they enter tier t + 1).
+  auto leave = [&](size_t t, size_t w, uint64_t bits, int64_t i) {
+    for (uint64_t b = bits; b; b &= b - 1) {
+      out[w * 64 + static_cast<size_t>(std::countr_zero(b))][t] = i;
+    }
+  };
+  const FlatTable<uint32_t>& table = by_engine ? by_engine_ : by_content_;
+  std::vector<uint64_t> held(3 * W);
+  size_t i = 0;
+  for (; i < N; ++i) {
+    bool any = false;
+    for (size_t w = 0; w < W; ++w) any |= (phase[0][w] | phase[1][w] | phase[2][w]) != 0;
+    if (!any) break;
+    const uint32_t* n = table.Find(keys[i]);
+    if (n == nullptr) break;
+    const uint64_t* row = Row(*n, 0);
+    std::fill(held.begin(), held.end(), 0);
+    for (size_t m = 0; m < M && m < tier_of_medium.size(); ++m) {
+      const uint8_t t = tier_of_medium[m];
+      if (t > 2) continue;
+      for (size_t w = 0; w < W; ++w) held[t * W + w] |= row[m * W + w];
+    }
+    for (size_t w = 0; w < W; ++w) {
+      const uint64_t h0 = held[w];
+      const uint64_t h1 = h0 | held[W + w];
+      const uint64_t h2 = h1 | held[2 * W + w];
+      const int64_t at = static_cast<int64_t>(i);
+      const uint64_t out0 = phase[0][w] & ~h0;
+      leave(0, w, out0, at);
+      phase[0][w] &= h0;
+      phase[1][w] |= out0;
+      const uint64_t out1 = phase[1][w] & ~h1;
+      leave(1, w, out1, at);
+      phase[1][w] &= h1;
+      phase[2][w] |= out1;
+      const uint64_t out2 = phase[2][w] & ~h2;
+      leave(2, w, out2, at);
+      phase[2][w] &= h2;
+    }
+  }
+  // Still walking at the end (of the query or of known blocks): every later boundary is here.
+  const int64_t end = static_cast<int64_t>(i);
+  for (size_t w = 0; w < W; ++w) {
+    leave(0, w, phase[0][w], end);
+    leave(1, w, phase[0][w] | phase[1][w], end);
+    leave(2, w, phase[0][w] | phase[1][w] | phase[2][w], end);
+  }
+  return out;
+}
+
 std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
                                             const std::vector<uint64_t>& filter,
                                             const std::vector<double>& weights, uint32_t tick,

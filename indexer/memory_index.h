@@ -135,6 +135,7 @@ class MemoryIndex {
   // A hidden instance is left out of Score, Holders and the per-instance counts that readers
   // see (while its entries are cleared in steps).
   void SetHidden(uint32_t inst, bool hidden) { instances_[inst].hidden = hidden; }
+  bool InstanceHidden(uint32_t inst) const { return instances_[inst].hidden; }
   bool Hidden(uint32_t inst) const { return instances_[inst].hidden; }
   // Entries held by an instance (all media), kept up to date by every mutation.
   int64_t InstanceEntries(uint32_t inst) const;
@@ -150,6 +151,13 @@ class MemoryIndex {
                                  const std::vector<uint64_t>& filter,
                                  const std::vector<double>& weights, uint32_t tick,
                                  int64_t* first_block_size) const;
+  // The router API's tiered walk: per instance of `filter` (hidden ones left out), out[inst] =
+  // {GPU prefix, then blocks on a medium of tier <= 1, then tier <= 2} (cumulative boundaries, in
+  // blocks). tier_of_medium[m]: 0 GPU, 1 CPU, 2 DISK, 3 none. Word-parallel: O(blocks x media x
+  // words) plus one step per instance leaving a tier. Instances outside the filter: {0, 0, 0}.
+  std::vector<std::array<int64_t, 3>> TieredScore(BlockKeys& keys, bool by_engine,
+                                                  const std::vector<uint64_t>& filter,
+                                                  const std::vector<uint8_t>& tier_of_medium) const;
   std::vector<HolderInfo> Holders(uint32_t node, bool include_hidden = false) const;
   bool InstanceHolds(uint32_t node, uint32_t inst) const;
   size_t words() const { return words_; }

@@ -7,10 +7,12 @@
 #include <set>
 #include <thread>
 
+#include "common/json.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "events/zmq_subscriber.h"
 #include "indexer/doctor.h"
+#include "indexer/router_api.h"
 
 namespace kvo {
 namespace {
@@ -24,6 +26,7 @@ std::vector<double> LatencyBuckets() {
 // Per-source state shared by the source's streams.
 struct SourceState {
   SourceConfig config;
+  std::optional<Registration> reg;  // set for a source registered with POST /register
   std::unique_ptr<HashParityDoctor> doctor;
 };
 
@@ -89,6 +92,7 @@ struct StreamState {
   SourceStream stream;
   StreamMetrics metrics;
   std::thread thread;
+  std::atomic<bool> stop{false};  // unregistered: the thread ends (set under stop_mu)
   mutable Mutex mu;
   StreamStatus status GUARDED_BY(mu);
   double last_batch_ts GUARDED_BY(mu) = 0;
@@ -104,9 +108,13 @@ struct IndexerService::Impl {
   Clock* clock = nullptr;
   std::unique_ptr<Indexer> index;
   MetricsRegistry metrics;
-  std::vector<std::unique_ptr<SourceState>> sources;
-  std::vector<std::unique_ptr<StreamState>> streams;
-  std::set<std::string, std::less<>> source_names;
+  // Serialises /register and /unregister (held across their SQLite writes and thread joins).
+  // Order: reg_op_mu -> registry_mu -> a stream's mu.
+  Mutex reg_op_mu;
+  mutable Mutex registry_mu;  // the sources and streams followed now (config and registered)
+  std::vector<std::unique_ptr<SourceState>> sources GUARDED_BY(registry_mu);
+  std::vector<std::unique_ptr<StreamState>> streams GUARDED_BY(registry_mu);
+  std::set<std::string, std::less<>> source_names GUARDED_BY(registry_mu);
   std::unique_ptr<HttpServer> http;
   std::atomic<bool> stopping{false};
   Mutex stop_mu;
@@ -126,14 +134,31 @@ struct IndexerService::Impl {
 
   // The per-stream families, in the order of kStreamCounters / kStreamGauges (registered with
   // the first stream).
-  std::vector<CounterFamily*> stream_counters;
-  std::vector<GaugeFamily*> stream_gauges;
+  std::vector<CounterFamily*> stream_counters GUARDED_BY(registry_mu);
+  std::vector<GaugeFamily*> stream_gauges GUARDED_BY(registry_mu);
 
   Status RegisterMetrics();
-  Status RegisterStream(StreamState* s);
+  Status RegisterStream(StreamState* s) EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  // Adds a source and its streams (threads started when start_threads).
+  Status AddSource(const SourceConfig& sc, std::optional<Registration> reg,
+                   std::vector<SourceStream> streams, bool start_threads)
+      EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  void StartThread(StreamState* s);
   void RunStream(StreamState* s);
-  // Waits up to `ms` unless stopping; false when stopping.
-  bool WaitFor(int64_t ms);
+  bool Stopped(const StreamState* s) const { return stopping.load() || s->stop.load(); }
+  // Waits up to `ms` unless stopping (or the stream is unregistered); false then.
+  bool WaitFor(const StreamState* s, int64_t ms);
+  // The Mooncake/Dynamo API (router_api.h).
+  HttpResponse Register(const HttpRequest& r);
+  HttpResponse Unregister(const HttpRequest& r);
+  HttpResponse RouterQuery(const HttpRequest& r, bool by_hash);
+  HttpResponse Workers() const;
+  Status AddRegistered(const Registration& reg, bool start_thread)
+      EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  // The doctor's metric families (per source).
+  CounterFamily* doctor_checked = nullptr;
+  CounterFamily* doctor_mismatched = nullptr;
+  GaugeFamily* doctor_parity = nullptr;
   // A loss (restart, unrecoverable gap) on stream `s`: clear the stream when it holds anything.
   void HandleLoss(StreamState* s, const std::string& why);
   // Applies one batch (errors are counted and logged).
@@ -146,15 +171,15 @@ struct IndexerService::Impl {
   std::string RenderMetrics();
 };
 
-bool IndexerService::Impl::WaitFor(int64_t ms) {
+bool IndexerService::Impl::WaitFor(const StreamState* s, int64_t ms) {
   MutexLock lock(&stop_mu);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (!stopping.load()) {
+  while (!Stopped(s)) {
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) break;
     stop_cv.WaitFor(deadline - now);
   }
-  return !stopping.load();
+  return !Stopped(s);
 }
 
 Status IndexerService::Impl::RegisterMetrics() {
@@ -283,7 +308,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
   const int64_t start_ns = clock->MonotonicNanos();
   int64_t next_silence_log_ns = start_ns + config.silent_after_ms * 1'000'000;
   int64_t silence_log_step_ms = config.silent_after_ms;
-  while (!stopping.load()) {
+  while (!Stopped(s)) {
     SubscriberOptions o;
     o.endpoint = s->stream.endpoint;
     o.replay_endpoint = s->stream.replay_endpoint;
@@ -312,7 +337,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
         ++s->status.connect_failures;
         s->status.last_error = created.status().ToString();
       }
-      if (!WaitFor(backoff_ms)) break;
+      if (!WaitFor(s, backoff_ms)) break;
       backoff_ms = std::min(backoff_ms * 2, config.retry_max_ms);
       continue;
     }
@@ -321,7 +346,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
     SubscriberStats seen;  // this subscriber's stats already folded into the status
     std::vector<SubscriberNotice> pending;  // losses that precede a later batch
     bool resubscribe = false;
-    while (!stopping.load() && !resubscribe) {
+    while (!Stopped(s) && !resubscribe) {
       auto next = sub->Next(kPollSlice);
       if (!next.ok()) {
         KVO_LOG_ERROR("source '{}' rank {}: subscriber failed: {}; resubscribing", s->stream.source,
@@ -427,6 +452,7 @@ void IndexerService::Impl::KeepSources(const std::set<std::string, std::less<>>&
                 [&](const InstanceScore& i) { return !wanted.contains(i.source); });
   std::set<std::pair<std::string, int64_t>> present;
   for (const InstanceScore& i : result->instances) present.insert({i.source, i.dp_rank});
+  MutexLock lock(&registry_mu);
   for (const auto& st : streams) {
     if (!wanted.contains(st->stream.source) ||
         present.contains({st->stream.source, st->stream.dp_rank})) {
@@ -452,7 +478,12 @@ HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
   const int64_t start = clock->MonotonicNanos();
   ScoreRequestLimits limits;
   limits.max_query_tokens = config.max_query_tokens;
-  auto query = ParseScoreRequest(r.body, limits, source_names);
+  std::set<std::string, std::less<>> names;
+  {
+    MutexLock lock(&registry_mu);
+    names = source_names;
+  }
+  auto query = ParseScoreRequest(r.body, limits, names);
   if (!query.ok()) {
     score_bad->Increment();
     return HttpResponse{400, "application/json", RenderError(query.status().message())};
@@ -461,7 +492,7 @@ HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
   // adding a zero entry for a configured stream that has published nothing yet: the index only
   // knows streams it has seen, the router wants one answer per configured instance.
   std::set<std::string, std::less<>> wanted(query->sources.begin(), query->sources.end());
-  if (wanted.empty()) wanted = source_names;
+  if (wanted.empty()) wanted = names;
   query->sources.clear();
   if (!query->block_size && !query->token_ids.empty()) {
     query->block_size = config.default_block_size;
@@ -507,6 +538,7 @@ std::vector<SourceStatus> IndexerService::Impl::Sources() const {
   const double now_s = clock->NowSeconds();
   const int64_t now_ns = clock->MonotonicNanos();
   std::vector<SourceStatus> out;
+  MutexLock registry_lock(&registry_mu);
   for (const auto& src : sources) {
     SourceStatus ss;
     ss.name = src->config.name;
@@ -571,6 +603,282 @@ std::string IndexerService::Impl::RenderMetrics() {
   return metrics.RenderPrometheus();
 }
 
+Status IndexerService::Impl::AddSource(const SourceConfig& sc, std::optional<Registration> reg,
+                                       std::vector<SourceStream> stream_list, bool start_threads) {
+  auto src = std::make_unique<SourceState>();
+  src->config = sc;
+  src->reg = std::move(reg);
+  src->doctor = std::make_unique<HashParityDoctor>(sc.name, sc.hash);
+  if (doctor_checked != nullptr) {
+    KVO_ASSIGN_OR_RETURN(Counter * c, doctor_checked->WithLabels({sc.name}));
+    KVO_ASSIGN_OR_RETURN(Counter * m, doctor_mismatched->WithLabels({sc.name}));
+    KVO_ASSIGN_OR_RETURN(Gauge * g, doctor_parity->WithLabels({sc.name}));
+    src->doctor->SetMetrics(c, m, g);
+  }
+  std::vector<std::unique_ptr<StreamState>> added;
+  for (SourceStream& stream : stream_list) {
+    auto st = std::make_unique<StreamState>();
+    st->source = src.get();
+    st->stream = std::move(stream);
+    KVO_RETURN_IF_ERROR(RegisterStream(st.get()));
+    {
+      MutexLock lock(&st->mu);
+      st->status.state = "connecting";
+    }
+    added.push_back(std::move(st));
+  }
+  source_names.insert(sc.name);
+  for (auto& st : added) {
+    if (start_threads) StartThread(st.get());
+    streams.push_back(std::move(st));
+  }
+  sources.push_back(std::move(src));
+  return Status::Ok();
+}
+
+Status IndexerService::Impl::AddRegistered(const Registration& reg, bool start_thread) {
+  SourceConfig sc;
+  sc.name = reg.SourceName();
+  sc.endpoint = reg.endpoint;
+  sc.replay_endpoint = reg.replay_endpoint;
+  KVO_RETURN_IF_ERROR(ValidateSource(sc));
+  SourceStream stream;
+  stream.source = sc.name;
+  stream.dp_rank = reg.dp_rank;  // the registration names the rank's own endpoint
+  stream.endpoint = reg.endpoint;
+  stream.replay_endpoint = reg.replay_endpoint;
+  std::vector<SourceStream> list;
+  list.push_back(std::move(stream));
+  return AddSource(sc, reg, std::move(list), start_thread);
+}
+
+void IndexerService::Impl::StartThread(StreamState* s) {
+  s->thread = std::thread([this, s] { RunStream(s); });
+}
+
+namespace {
+HttpResponse JsonError(int code, const std::string& message) {
+  return HttpResponse{code, "application/json", RenderError(message)};
+}
+}  // namespace
+
+HttpResponse IndexerService::Impl::Register(const HttpRequest& r) {
+  auto reg = ParseRegisterRequest(r.body, options.allow_remote_sources);
+  if (!reg.ok()) return JsonError(400, std::string(reg.status().message()));
+  const std::string name = reg->SourceName();
+  MutexLock op(&reg_op_mu);
+  {
+    MutexLock lock(&registry_mu);
+    for (const auto& src : sources) {
+      if (src->config.name == name) {
+        if (!src->reg) {
+          return JsonError(409, "instance '" + reg->Key() +
+                                    "' has the name of a --source/--config source ('" + name +
+                                    "'); register it under another instance_id");
+        }
+        std::string diff = FirstDifference(*src->reg, *reg);
+        if (diff.empty()) {
+          return HttpResponse{200, "application/json",
+                              RenderRegistered(reg->instance_id)};  // idempotent
+        }
+        return JsonError(409, "instance '" + reg->Key() + "' is already registered with another '" +
+                                  diff + "'; POST /unregister it first");
+      }
+    }
+    for (const auto& st : streams) {
+      if (st->stream.endpoint == reg->endpoint ||
+          (reg->replay_endpoint && st->stream.replay_endpoint == reg->replay_endpoint)) {
+        return JsonError(409, "'endpoint' '" + CutForMessage(reg->endpoint) +
+                                  "' is already followed as source '" + st->stream.source + "'");
+      }
+    }
+  }
+  Status st = index->PutRegistration(name, RenderRegistration(*reg));
+  if (!st.ok()) return JsonError(500, "registration not stored: " + st.ToString());
+  {
+    MutexLock lock(&registry_mu);
+    st = AddRegistered(*reg, true);
+  }
+  if (!st.ok()) {
+    (void)index->DeleteRegistration(name);
+    return JsonError(400, std::string(st.message()));
+  }
+  KVO_LOG_INFO("indexer: registered '{}' ({}, replay {})", name, reg->endpoint,
+               reg->replay_endpoint.value_or("none"));
+  return HttpResponse{200, "application/json", RenderRegistered(reg->instance_id)};
+}
+
+HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
+  auto req = ParseUnregisterRequest(r.body);
+  if (!req.ok()) return JsonError(400, std::string(req.status().message()));
+  MutexLock op(&reg_op_mu);
+  std::vector<std::unique_ptr<SourceState>> gone_sources;
+  std::vector<std::unique_ptr<StreamState>> gone_streams;
+  std::vector<std::string> removed;
+  {
+    MutexLock lock(&registry_mu);
+    for (auto& src : sources) {
+      if (!src->reg || src->reg->instance_id != req->instance_id ||
+          src->reg->tenant_id != req->tenant_id ||
+          (req->dp_rank && src->reg->dp_rank != *req->dp_rank)) {
+        continue;
+      }
+      Status st = index->DeleteRegistration(src->config.name);
+      if (!st.ok()) return JsonError(500, "registration not deleted: " + st.ToString());
+      removed.push_back(src->reg->Key());
+      gone_sources.push_back(std::move(src));
+    }
+    if (gone_sources.empty()) {
+      return JsonError(400, "'instance_id' '" + req->instance_id + "' (tenant_id '" +
+                                req->tenant_id + "'" +
+                                (req->dp_rank ? ", dp_rank " + std::to_string(*req->dp_rank) : "") +
+                                ") is not registered");
+    }
+    std::erase_if(sources, [](const auto& p) { return p == nullptr; });
+    for (auto& st : streams) {
+      for (const auto& src : gone_sources) {
+        if (st && st->source == src.get()) gone_streams.push_back(std::move(st));
+      }
+    }
+    std::erase_if(streams, [](const auto& p) { return p == nullptr; });
+    for (const auto& src : gone_sources) source_names.erase(src->config.name);
+  }
+  {
+    MutexLock lock(&stop_mu);
+    for (auto& st : gone_streams) st->stop = true;
+  }
+  stop_cv.SignalAll();
+  for (auto& st : gone_streams) {
+    if (st->thread.joinable()) st->thread.join();
+  }
+  for (const auto& src : gone_sources) {
+    Status st = index->ClearSource(src->config.name);
+    if (!st.ok()) {
+      KVO_LOG_ERROR("indexer: unregistered '{}' but clearing its entries failed: {}",
+                    src->config.name, st.ToString());
+    }
+    KVO_LOG_INFO("indexer: unregistered '{}'", src->config.name);
+  }
+  return HttpResponse{200, "application/json", RenderUnregistered(removed)};
+}
+
+HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash) {
+  const int64_t start = clock->MonotonicNanos();
+  auto q = ParseRouterQuery(r.body, by_hash, config.max_query_tokens);
+  if (!q.ok()) {
+    score_bad->Increment();
+    return JsonError(400, std::string(q.status().message()));
+  }
+  // The streams in scope: registrations of the tenant (config sources are tenant "default",
+  // instance_id = source name, any model), then instance_id, model, LoRA and salt.
+  struct Target {
+    std::string instance_id;
+    std::string source;
+    int64_t dp_rank;
+  };
+  std::vector<Target> targets;
+  {
+    MutexLock lock(&registry_mu);
+    bool tenant_known = false;
+    bool instance_known = false;
+    bool model_known = false;
+    for (const auto& src : sources) {
+      const std::string tenant = src->reg ? src->reg->tenant_id : "default";
+      const std::string instance = src->reg ? src->reg->instance_id : src->config.name;
+      if (tenant != q->tenant_id) continue;
+      tenant_known = true;
+      if (q->instance_id && instance != *q->instance_id) continue;
+      instance_known = true;
+      if (src->reg && src->reg->model != q->model) continue;
+      model_known = true;
+      if (src->reg &&
+          (src->reg->lora_name != q->lora_name || src->reg->additional_salt != q->cache_salt)) {
+        continue;
+      }
+      for (const auto& st : streams) {
+        if (st->source == src.get())
+          targets.push_back({instance, src->config.name, st->stream.dp_rank});
+      }
+    }
+    std::string why;
+    if (!tenant_known) {
+      why = "'tenant_id' '" + q->tenant_id + "' has no registered instance";
+    } else if (!instance_known) {
+      why = "'instance_id' '" + *q->instance_id + "' is not registered in tenant '" + q->tenant_id +
+            "'";
+    } else if (!model_known) {
+      why = "'model' '" + CutForMessage(q->model) + "' has no registered instance in tenant '" +
+            q->tenant_id + "'";
+    }
+    if (!why.empty()) {
+      score_bad->Increment();
+      return JsonError(400, why);
+    }
+  }
+  std::map<std::string, InstanceMatch> matches;
+  for (const Target& t : targets) {
+    InstanceMatch& m = matches[t.instance_id];
+    m.dp[t.dp_rank];  // listed even when nothing matches
+  }
+  ScoreQuery sq;
+  if (by_hash) {
+    sq.block_hashes = std::move(q->hashes);
+  } else {
+    sq.token_ids = std::move(q->token_ids);
+    sq.block_size = q->block_size;
+  }
+  if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
+  const bool empty =
+      sq.block_hashes.empty() && static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
+  if (!targets.empty() && !empty) {
+    auto result = index->Tiered(sq);
+    if (!result.ok()) {
+      bool bad = result.status().code() == StatusCode::kInvalidArgument;
+      (bad ? score_bad : score_err)->Increment();
+      return JsonError(bad ? 400 : 500, std::string(result.status().message()));
+    }
+    std::map<std::pair<std::string, int64_t>, TierBoundaries> walked;
+    for (const Indexer::TieredMatch& t : *result) {
+      walked[{t.source, t.dp_rank}] = TierBoundaries{t.gpu, t.cpu, t.disk};
+    }
+    for (const Target& t : targets) {
+      auto it = walked.find({t.source, t.dp_rank});
+      AddRank(it != walked.end() ? it->second : TierBoundaries{}, t.dp_rank, q->block_size,
+              &matches[t.instance_id]);
+    }
+  }
+  score_ok->Increment();
+  score_latency->Observe(static_cast<double>(clock->MonotonicNanos() - start) / 1e9);
+  return HttpResponse{200, "application/json", RenderRouterQueryResponse(q->tenant_id, matches)};
+}
+
+HttpResponse IndexerService::Impl::Workers() const {
+  std::vector<WorkerInfo> out;
+  MutexLock lock(&registry_mu);
+  for (const auto& st : streams) {
+    WorkerInfo w;
+    const SourceState* src = st->source;
+    w.source = src->config.name;
+    w.registered = src->reg.has_value();
+    if (src->reg) {
+      w.reg = *src->reg;
+    } else {
+      w.reg.instance_id = src->config.name;
+      w.reg.endpoint = st->stream.endpoint;
+      w.reg.replay_endpoint = st->stream.replay_endpoint;
+      w.reg.dp_rank = st->stream.dp_rank;
+    }
+    {
+      MutexLock slock(&st->mu);
+      w.state = st->status.state;
+    }
+    auto last = index->LastSequence(st->stream.source, st->stream.dp_rank);
+    if (last.ok()) w.last_sequence = *last;
+    out.push_back(std::move(w));
+  }
+  return HttpResponse{200, "application/json", RenderWorkers(out)};
+}
+
 IndexerService::IndexerService(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 IndexerService::~IndexerService() { Stop(); }
@@ -579,9 +887,8 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
                                                               const ServiceOptions& options) {
   if (config.db.empty()) return Status::InvalidArgument("indexer: no database file (--db)");
   KVO_RETURN_IF_ERROR(ValidateSources(config.sources));
-  if (config.sources.empty()) {
-    return Status::InvalidArgument("indexer: no sources (--source or \"sources\" in --config)");
-  }
+  // No sources is fine: registrations stored in the file are resumed below, and routers
+  // register more with POST /register.
   HttpAddress address;
   if (options.start_http) {
     KVO_ASSIGN_OR_RETURN(address, ParseHttpAddress(config.http));
@@ -620,42 +927,48 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
                                    "1 when the source's hashes disagree with the configured "
                                    "algorithm, seed and block size",
                                    {"source"}));
-  for (const SourceConfig& sc : config.sources) {
-    auto src = std::make_unique<SourceState>();
-    src->config = sc;
-    src->doctor = std::make_unique<HashParityDoctor>(sc.name, sc.hash);
-    KVO_ASSIGN_OR_RETURN(Counter * c, checked->WithLabels({sc.name}));
-    KVO_ASSIGN_OR_RETURN(Counter * m, mismatched->WithLabels({sc.name}));
-    KVO_ASSIGN_OR_RETURN(Gauge * g, parity->WithLabels({sc.name}));
-    src->doctor->SetMetrics(c, m, g);
-    impl->source_names.insert(sc.name);
-    KVO_ASSIGN_OR_RETURN(std::vector<SourceStream> streams, ExpandStreams(sc));
-    for (SourceStream& stream : streams) {
-      auto st = std::make_unique<StreamState>();
-      st->source = src.get();
-      st->stream = std::move(stream);
-      KVO_RETURN_IF_ERROR(impl->RegisterStream(st.get()));
-      {
-        MutexLock lock(&st->mu);
-        st->status.state = "connecting";
-      }
-      impl->streams.push_back(std::move(st));
+  impl->doctor_checked = checked;
+  impl->doctor_mismatched = mismatched;
+  impl->doctor_parity = parity;
+  KVO_ASSIGN_OR_RETURN(std::vector<StoredRegistration> stored, impl->index->Registrations());
+  {
+    MutexLock lock(&impl->registry_mu);
+    for (const SourceConfig& sc : config.sources) {
+      KVO_ASSIGN_OR_RETURN(std::vector<SourceStream> streams, ExpandStreams(sc));
+      KVO_RETURN_IF_ERROR(impl->AddSource(sc, std::nullopt, std::move(streams), false));
     }
-    impl->sources.push_back(std::move(src));
-  }
-  for (const StreamStats& st : impl->index->Stats().streams) {
-    if (!impl->source_names.contains(st.source)) {
-      KVO_LOG_WARN(
-          "indexer: '{}' holds entries of source '{}' rank {}, which is not configured: kept in "
-          "the file but left out of scores",
-          config.db, st.source, st.dp_rank);
+    // Registered sources resume from their checkpoints (the file's streams rows).
+    for (const StoredRegistration& sr : stored) {
+      auto reg = ParseRegisterRequest(sr.body, /*allow_remote=*/true);
+      Status st = reg.ok() ? Status::Ok() : reg.status();
+      if (st.ok() && !options.allow_remote_sources) {
+        st = ParseRegisterRequest(sr.body, false).status();
+      }
+      if (st.ok() && impl->source_names.contains(reg->SourceName())) {
+        st = Status::AlreadyExists("a --source/--config source has the same name");
+      }
+      if (!st.ok()) {
+        KVO_LOG_ERROR("indexer: registration '{}' in {} not resumed (kept in the file): {}",
+                      CutForMessage(sr.name), config.db, st.ToString());
+        continue;
+      }
+      KVO_RETURN_IF_ERROR(impl->AddRegistered(*reg, false));
+      KVO_LOG_INFO("indexer: resuming registered source '{}' ({})", reg->SourceName(),
+                   reg->endpoint);
+    }
+    for (const StreamStats& st : impl->index->Stats().streams) {
+      if (!impl->source_names.contains(st.source)) {
+        KVO_LOG_WARN(
+            "indexer: '{}' holds entries of source '{}' rank {}, which is not configured: kept "
+            "in the file but left out of scores",
+            config.db, st.source, st.dp_rank);
+      }
     }
   }
   InitLogging();  // before the stream threads log
-  Impl* raw = impl.get();
-  for (auto& st : impl->streams) {
-    StreamState* s = st.get();
-    s->thread = std::thread([raw, s] { raw->RunStream(s); });
+  {
+    MutexLock lock(&impl->registry_mu);
+    for (auto& st : impl->streams) impl->StartThread(st.get());
   }
   auto service = std::unique_ptr<IndexerService>(new IndexerService(std::move(impl)));
   if (options.start_http) {
@@ -682,7 +995,14 @@ void IndexerService::Stop() {
   }
   impl_->stop_cv.SignalAll();
   if (impl_->http) impl_->http->Stop();
-  for (auto& st : impl_->streams) {
+  // No request runs now (HTTP stopped), so no registration changes the list.
+  MutexLock op(&impl_->reg_op_mu);
+  std::vector<StreamState*> threads;
+  {
+    MutexLock lock(&impl_->registry_mu);
+    for (auto& st : impl_->streams) threads.push_back(st.get());
+  }
+  for (StreamState* st : threads) {
     if (st->thread.joinable()) st->thread.join();
   }
   Status st = impl_->index->Flush();
@@ -699,6 +1019,21 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
   if (r.path == "/v1/score" || r.path == "/v1/explain") {
     if (r.method != "POST") return method_not_allowed("POST");
     return impl_->Score(r, r.path == "/v1/explain");
+  }
+  if (r.path == "/register" || r.path == "/unregister" || r.path == "/query" ||
+      r.path == "/query_by_hash") {
+    if (r.method != "POST") return method_not_allowed("POST");
+    if (r.path == "/register") return impl_->Register(r);
+    if (r.path == "/unregister") return impl_->Unregister(r);
+    return impl_->RouterQuery(r, r.path == "/query_by_hash");
+  }
+  if (r.path == "/workers") {
+    if (r.method != "GET") return method_not_allowed("GET");
+    return impl_->Workers();
+  }
+  if (r.path == "/health") {
+    if (r.method != "GET") return method_not_allowed("GET");
+    return HttpResponse{200, "application/json", "{\"status\":\"ok\"}"};
   }
   if (r.path == "/v1/sources") {
     if (r.method != "GET") return method_not_allowed("GET");

@@ -39,6 +39,9 @@ struct ServiceOptions {
   Clock* clock = nullptr;          // SystemClock() when null
   bool start_http = true;          // off: use Handle() directly (tests)
   bool allow_remote_http = false;  // listening beyond loopback needs this (and warns)
+  // POST /register of a tcp:// endpoint off loopback needs this (the API would otherwise make
+  // the daemon connect anywhere).
+  bool allow_remote_sources = false;
 };
 
 class IndexerService {

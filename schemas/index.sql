@@ -1,4 +1,4 @@
--- kvo prefix index, schema version 1 (PRAGMA user_version = 1; PRAGMA application_id =
+-- kvo prefix index, schema version 2 (PRAGMA user_version = 2; PRAGMA application_id =
 -- 0x6B766F49, "kvoI"). Embedded in kvo_indexer and executed in one transaction when a new file is
 -- created. See schemas/index.md for the meaning of every column and indexer/DESIGN.md for why.
 --
@@ -27,6 +27,17 @@ CREATE TABLE streams (
   last_event_ts REAL    NOT NULL,
   updated_at    REAL    NOT NULL,
   PRIMARY KEY (source_id, dp_rank)
+) WITHOUT ROWID;
+
+-- Sources registered at run time (POST /register on `kvo index serve`), version 2. One row per
+-- registered source name; `body` is the registration as kvo normalised it (JSON: endpoint,
+-- replay_endpoint, type, model, lora_name, tenant_id, instance_id, block_size, dp_rank,
+-- additional_salt). The source's checkpoint is its `streams` rows (same name), so a restarted
+-- daemon resumes every registration from there. Version 1 files gain this table at open.
+CREATE TABLE registrations (
+  name       TEXT PRIMARY KEY,
+  body       TEXT NOT NULL,
+  created_at REAL NOT NULL
 ) WITHOUT ROWID;
 
 -- Append-only ingest: one row per applied event, sequential rowid, no secondary index.

@@ -182,6 +182,7 @@ Status RunServe(const ServeArgs& a) {
   KVO_RETURN_IF_ERROR(ValidateSources(config.sources));
   ServiceOptions options;
   options.allow_remote_http = a.allow_remote;
+  options.allow_remote_sources = a.allow_remote;
   if (a.memory_budget_mb > 0) {
     options.index.memory_budget_bytes = static_cast<size_t>(a.memory_budget_mb) << 20;
   }
@@ -476,7 +477,9 @@ void AddIndexCommands(CLI::App& app) {
 
   auto serve_args = std::make_shared<ServeArgs>();
   CLI::App* serve = index->add_subcommand(
-      "serve", "Follow KV-event publishers into a SQLite index and answer the HTTP API");
+      "serve",
+      "Follow KV-event publishers (--source, --config, and those registered with POST /register, "
+      "resumed at start) into a SQLite index and answer the HTTP API");
   serve->add_option("--db", serve_args->db, "SQLite index file (created when missing)");
   serve->add_option("--config", serve_args->config, "indexer JSON config (sources, http, ...)");
   serve->add_option("--source", serve_args->sources,
@@ -484,10 +487,12 @@ void AddIndexCommands(CLI::App& app) {
                     "[,bind=true][,hash_algo=A][,hash_seed=S][,block_size=B] (repeatable)");
   serve->add_option("--http", serve_args->http,
                     "HOST:PORT of the HTTP API (default 127.0.0.1:8080; port 0: any)");
-  serve->add_flag("--allow-remote", serve_args->allow_remote,
-                  "allow an HTTP address beyond loopback (no authentication!)");
+  serve->add_flag(
+      "--allow-remote", serve_args->allow_remote,
+      "allow an HTTP address beyond loopback, and POST /register of publishers on other "
+      "hosts (no authentication!)");
   serve->add_option("--max-query-tokens", serve_args->max_query_tokens,
-                    "reject /v1/score requests with more tokens (default 1048576)");
+                    "reject /v1/score and /query requests with more tokens (default 1048576)");
   serve->add_option("--memory-budget-mb", serve_args->memory_budget_mb,
                     "byte budget of the in-memory index, MiB (default 1024)");
   serve->callback([serve_args] {

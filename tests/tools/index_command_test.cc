@@ -219,11 +219,14 @@ EventBatch NextBatch(const Corpus& c, Model& model, const StreamKey& s, std::mt1
 
 class Daemon {
  public:
-  Daemon(const std::string& db, const std::string& config) {
-    child_ = std::make_unique<Child>(
-        std::vector<std::string>{KVO_BINARY, "--log-level", "info", "index", "serve", "--db", db,
-                                 "--config", config, "--http", "127.0.0.1:0"},
-        /*stdin_pipe=*/true);
+  Daemon(const std::string& db, const std::string& config)
+      : Daemon(db, std::vector<std::string>{"--config", config}) {}
+  // `kvo index serve --db DB --http 127.0.0.1:0` plus `flags` (none: registrations only).
+  Daemon(const std::string& db, const std::vector<std::string>& flags) {
+    std::vector<std::string> argv = {
+        KVO_BINARY, "--log-level", "info", "index", "serve", "--db", db, "--http", "127.0.0.1:0"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    child_ = std::make_unique<Child>(argv, /*stdin_pipe=*/true);
     auto line = child_->ReadStdoutLine(SteadyClock::now() + kGuard);
     if (!line) {
       ADD_FAILURE() << "the daemon printed no listening line; stderr:\n" << child_->err();
@@ -543,9 +546,10 @@ TEST_F(IndexCommandTest, FollowsPublishersThroughLateJoinDropsRestartAndKill9) {
 }
 
 TEST_F(IndexCommandTest, RefusesBadConfigurationAndRemoteHttpWithoutConsent) {
-  RunResult none = RunCommand({KVO_BINARY, "index", "serve", "--db", Path("x.sqlite")});
+  // No sources is valid now (registrations come over POST /register); no file is not.
+  RunResult none = RunCommand({KVO_BINARY, "index", "serve", "--http", "127.0.0.1:0"});
   EXPECT_EQ(none.code, 2) << none.err;
-  EXPECT_NE(none.err.find("no sources"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("--db"), std::string::npos) << none.err;
   RunResult bad = RunCommand(
       {KVO_BINARY, "index", "serve", "--db", Path("x.sqlite"), "--source", "a=udp://h:1"});
   EXPECT_EQ(bad.code, 2);
@@ -723,6 +727,116 @@ TEST_F(IndexCommandTest, ConsumesVllmStyleBusInBothEncodingsAndReplyShapes) {
                                "--hash-seed", "0", "--block-size", "4", "--blocks", "8"});
   EXPECT_EQ(fine.code, 0) << fine.out << fine.err;
   EXPECT_EQ(Json::parse(fine.out)["state"], "ok") << fine.out;
+}
+
+// The Mooncake/Dynamo API over loopback HTTP against a vLLM-format Python publisher: register with
+// the reference's body (endpoints on this host), query with its shapes, kill -9 the daemon,
+// restart it with no flags: the registration resumes from its checkpoint and the answers hold.
+TEST_F(IndexCommandTest, RouterApiRegistrationSurvivesKill9WithVllmPublisher) {
+  if (RunCommand({kPython, "-c", "import zmq, msgpack"}).code != 0) {
+    GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq and python3-msgpack";
+  }
+  unsigned seed = testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  Corpus corpus(rng);
+  Model model;
+  WriteFile(Path("publisher.py"), kPythonPublisher);
+  const std::string source = "vllm-node1@default@0";  // what kvo names the registration
+  const StreamKey s{source, 0};
+  std::string lines;
+  const int n = 60;
+  for (int i = 0; i < n; ++i) {
+    lines += BatchToJson(NextBatch(corpus, model, s, rng), std::nullopt, std::nullopt) + "\n";
+  }
+  WriteFile(Path("py.jsonl"), lines);
+  const std::string pub = "ipc://" + Path("py.pub");
+  const std::string rep = "ipc://" + Path("py.replay");
+  Child py(
+      {kPython, Path("publisher.py"), pub, rep, "kv-events", "map", "new", Path("py.jsonl"), "30"},
+      /*stdin_pipe=*/true);
+  ASSERT_EQ(py.ReadStdoutLine(SteadyClock::now() + kGuard), "ready") << py.err();
+
+  auto daemon = std::make_unique<Daemon>(Path("router.sqlite"), std::vector<std::string>{});
+  Json reg = Json::parse(
+      R"({"endpoint": "tcp://1.1.1.1:5557", "replay_endpoint": "tcp://1.1.1.1:5558", "type": "vLLM",
+ "modelname": "deepseek", "lora_name": "sql-adapter", "tenant_id": "default",
+ "instance_id": "vllm-prefill-node1", "block_size": 128, "dp_rank": 0, "additionalsalt": "w8a8"})");
+  HttpClientResult refused = daemon->Call("POST", "/register", reg.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;  // off loopback without --allow-remote
+  reg["endpoint"] = pub;
+  reg["replay_endpoint"] = rep;
+  reg["instance_id"] = "vllm-node1";
+  reg["lora_name"] = nullptr;
+  reg["additionalsalt"] = "";
+  reg["block_size"] = kBlockSize;
+  HttpClientResult ok = daemon->Call("POST", "/register", reg.dump());
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Json::parse(ok.body),
+            Json::parse(R"({"status": "registered successfully", "instance_id": "vllm-node1"})"));
+  ASSERT_TRUE(daemon->WaitForSequences({{s, 29}}));
+
+  // Every document by tokens and by hash: the reference's shape, longest_matched = the prefix
+  // /v1/score reports (this corpus has GPU and CPU blocks only: the tiered walk reaches the same
+  // prefix), which after the last batch is the model's.
+  auto expect_answers = [&](const std::string& phase, bool all_published) {
+    for (size_t doc = 0; doc < corpus.docs.size(); ++doc) {
+      Json sq = {{"block_hashes", corpus.hashes[doc]}};
+      Json score = Json::parse(daemon->Call("POST", "/v1/score", sq.dump()).body);
+      int64_t prefix = -1;
+      for (const auto& inst : score["instances"]) {
+        if (inst["source"] == source) prefix = inst["prefix_tokens"].get<int64_t>();
+      }
+      ASSERT_GE(prefix, 0) << score.dump();
+      if (all_published) {
+        EXPECT_EQ(prefix, model.Score(s, corpus.hashes[doc]).prefix * kBlockSize);
+      }
+      for (bool by_hash : {false, true}) {
+        Json q = {{"model", "deepseek"}, {"tenant_id", "default"}, {"block_size", kBlockSize}};
+        if (by_hash) {
+          q["seq_hashes"] = corpus.hashes[doc];
+        } else {
+          q["token_ids"] = corpus.docs[doc];
+          q["instance_id"] = "vllm-node1";
+        }
+        HttpClientResult r = daemon->Call("POST", by_hash ? "/query_by_hash" : "/query", q.dump());
+        ASSERT_EQ(r.status, 200) << phase << " " << r.body;
+        Json a = Json::parse(r.body);
+        ASSERT_EQ(a.size(), 1u) << r.body;
+        ASSERT_EQ(a["default"].size(), 1u) << r.body;
+        const Json& i = a["default"]["vllm-node1"];
+        std::vector<std::string> keys;
+        const auto ordered = nlohmann::ordered_json::parse(r.body);  // the wire's key order
+        for (const auto& [k, v] : ordered["default"]["vllm-node1"].items()) keys.push_back(k);
+        EXPECT_EQ(keys, (std::vector<std::string>{"longest_matched", "GPU", "DP", "CPU", "DISK"}))
+            << r.body;
+        EXPECT_EQ(i["longest_matched"].get<int64_t>(), prefix) << phase << " doc " << doc;
+        EXPECT_EQ(i["DP"], Json({{"0", prefix}})) << r.body;
+        EXPECT_LE(i["GPU"].get<int64_t>(), prefix) << r.body;
+        EXPECT_EQ(i["DISK"].get<int64_t>(), 0) << r.body;
+      }
+    }
+  };
+  expect_answers("before kill -9", false);
+
+  daemon->child().Signal(SIGKILL);
+  daemon->child().Wait(SteadyClock::now() + kGuard);
+  daemon = std::make_unique<Daemon>(Path("router.sqlite"), std::vector<std::string>{});
+  Json workers = Json::parse(daemon->Call("GET", "/workers").body);
+  ASSERT_EQ(workers["workers"].size(), 1u) << workers.dump();
+  EXPECT_EQ(workers["workers"][0]["instance_id"], "vllm-node1");
+  EXPECT_EQ(workers["workers"][0]["endpoint"], pub);
+  py.WriteStdin("go\n");
+  ASSERT_EQ(py.ReadStdoutLine(SteadyClock::now() + kGuard), "done") << py.err();
+  ASSERT_TRUE(daemon->WaitForSequences({{s, n - 1}}));
+  ExpectScoresMatch(*daemon, corpus, model, {s}, "registered, after kill -9");
+  expect_answers("after kill -9 and restart", true);
+
+  HttpClientResult gone = daemon->Call(
+      "POST", "/unregister", R"({"type": "vLLM", "instance_id": "vllm-node1", "dp_rank": 0})");
+  ASSERT_EQ(gone.status, 200) << gone.body;
+  EXPECT_EQ(Json::parse(gone.body)["removed_instances"],
+            Json::parse(R"(["vllm-node1|default|0"])"));
+  EXPECT_EQ(Json::parse(daemon->Call("GET", "/workers").body)["workers"].size(), 0u);
 }
 
 }  // namespace

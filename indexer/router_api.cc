@@ -1,0 +1,450 @@
+// JSON adapter for the Mooncake/Dynamo indexer API: nlohmann_json exceptions stop in this file.
+#include "indexer/router_api.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "common/json.h"
+#include "events/kv_events_config.h"
+#include "indexer/sources_config.h"
+
+namespace kvo {
+namespace {
+
+using nlohmann::json;
+using OJson = nlohmann::ordered_json;
+
+constexpr int64_t kMaxBlockSize = 1 << 20;
+constexpr int64_t kMaxRank = 1 << 16;
+
+Status Bad(const std::string& what) { return Status::InvalidArgument(what); }
+
+// Identity strings become part of source names: [A-Za-z0-9_.:-]{1,100} ('@' separates them).
+bool ValidId(std::string_view v) {
+  if (v.empty() || v.size() > 100) return false;
+  for (char c : v) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// list_key: the field an over-long array most likely is (named in the message).
+Result<json> ParseBody(std::string_view body, std::string_view route, int64_t max_items,
+                       const char* list_key = nullptr) {
+  JsonLimits limits;
+  limits.max_array_elements = std::max<int64_t>(max_items, 1);
+  Status pre = CheckJsonLimits(body, limits);
+  if (!pre.ok()) {
+    std::string m = std::string(route) + ": " + pre.message();
+    if (list_key != nullptr) {
+      m = "'" + std::string(list_key) + "' (or another list) is longer than " +
+          std::to_string(max_items) + " items: " + m;
+    }
+    return Bad(m);
+  }
+  auto j = ParseJson(body, route, limits);
+  if (!j.ok()) return j.status();
+  if (!j->is_object()) {
+    return Bad(std::string(route) + ": the body must be a JSON object, got " + DescribeJson(*j));
+  }
+  return std::move(j).value();
+}
+
+const json* Find(const json& o, const char* key) {
+  auto it = o.find(key);
+  return it == o.end() ? nullptr : &*it;
+}
+
+// A string field; null counts as absent when nullable.
+Result<std::optional<std::string>> OptString(const json& o, const char* key, bool nullable = true,
+                                             size_t max_len = 4096) {
+  const json* v = Find(o, key);
+  if (v == nullptr || (nullable && v->is_null())) return std::optional<std::string>();
+  if (!v->is_string()) {
+    return Bad(std::string("'") + key + "' must be a string, got " + DescribeJson(*v));
+  }
+  std::string s = v->get<std::string>();
+  if (s.size() > max_len) {
+    return Bad(std::string("'") + key + "' is longer than " + std::to_string(max_len) +
+               " bytes: '" + CutForMessage(s) + "'");
+  }
+  return std::optional<std::string>(std::move(s));
+}
+
+Result<std::string> ReqString(const json& o, const char* key) {
+  KVO_ASSIGN_OR_RETURN(auto s, OptString(o, key, false));
+  if (!s) return Bad(std::string("'") + key + "' is required");
+  return *s;
+}
+
+Result<std::optional<int64_t>> OptInt(const json& o, const char* key, int64_t lo, int64_t hi) {
+  const json* v = Find(o, key);
+  if (v == nullptr || v->is_null()) return std::optional<int64_t>();
+  if (!v->is_number_integer() ||
+      (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) ||
+      v->get<int64_t>() < lo || v->get<int64_t>() > hi) {
+    return Bad(std::string("'") + key + "' must be an integer in [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "], got " + DescribeJson(*v));
+  }
+  return std::optional<int64_t>(v->get<int64_t>());
+}
+
+Result<int64_t> ReqInt(const json& o, const char* key, int64_t lo, int64_t hi) {
+  KVO_ASSIGN_OR_RETURN(auto v, OptInt(o, key, lo, hi));
+  if (!v) return Bad(std::string("'") + key + "' is required");
+  return *v;
+}
+
+// The model key under any of its spellings (exactly one).
+Result<std::optional<std::string>> ModelKey(const json& o) {
+  std::optional<std::string> out;
+  const char* seen = nullptr;
+  for (const char* key : {"model", "model_name", "modelname"}) {
+    KVO_ASSIGN_OR_RETURN(auto v, OptString(o, key));
+    if (!v) continue;
+    if (seen != nullptr && *v != *out) {
+      return Bad(std::string("'") + seen + "' and '" + key + "' name different models");
+    }
+    seen = key;
+    out = std::move(v);
+  }
+  if (out && out->empty()) return Bad("'model' is empty");
+  return out;
+}
+
+Result<std::string> Identity(const json& o, const char* key, std::optional<std::string> dflt) {
+  KVO_ASSIGN_OR_RETURN(auto v, OptString(o, key));
+  if (!v) {
+    if (!dflt) return Bad(std::string("'") + key + "' is required");
+    return *dflt;
+  }
+  if (!ValidId(*v)) {
+    return Bad(std::string("'") + key + "' must be 1-100 characters of [A-Za-z0-9_.:-], got '" +
+               CutForMessage(*v) + "'");
+  }
+  return *v;
+}
+
+// tcp://HOST:PORT or ipc://PATH; HOST on loopback unless allow_remote.
+Status CheckEndpoint(const std::string& ep, const char* key, bool allow_remote) {
+  if (!ep.starts_with("tcp://") && !ep.starts_with("ipc://")) {
+    return Bad(std::string("'") + key + "' must be a tcp:// or ipc:// endpoint, got '" +
+               CutForMessage(ep) + "'");
+  }
+  Status st = ValidateEndpoint(ep, key);
+  if (!st.ok()) return Bad(std::string("'") + key + "': " + st.message());
+  if (ep.starts_with("tcp://")) {
+    std::string_view hp = std::string_view(ep).substr(6);
+    size_t colon = hp.rfind(':');
+    std::string_view host = colon == std::string_view::npos ? hp : hp.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    if (host == "*" || host.find('*') != std::string_view::npos) {
+      return Bad(std::string("'") + key + "' must name the publisher's host, got '" +
+                 CutForMessage(ep) + "'");
+    }
+    if (hp.substr(colon + 1) == "*" || hp.substr(colon + 1) == "0") {
+      return Bad(std::string("'") + key + "' must name the publisher's bound port, got '" +
+                 CutForMessage(ep) + "'");
+    }
+    if (!allow_remote && !IsLoopbackHost(host)) {
+      return Bad(std::string("'") + key + "' '" + CutForMessage(ep) +
+                 "' is off loopback; start kvo index serve with --allow-remote to subscribe to "
+                 "other hosts");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint64_t>> Hashes(const json& v, const char* key) {
+  if (!v.is_array()) {
+    return Bad(std::string("'") + key + "' must be an array of integers, got " + DescribeJson(v));
+  }
+  std::vector<uint64_t> out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& h = v[i];
+    if (h.is_number_unsigned()) {
+      out.push_back(h.get<uint64_t>());
+    } else if (h.is_number_integer()) {
+      out.push_back(static_cast<uint64_t>(h.get<int64_t>()));  // 64-bit pattern
+    } else {
+      return Bad(std::string("'") + key + "[" + std::to_string(i) + "]' must be an integer, got " +
+                 DescribeJson(h));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view EngineTypeName(EngineType t) {
+  switch (t) {
+    case EngineType::kVllm:
+      return "vLLM";
+    case EngineType::kSglang:
+      return "SGLang";
+  }
+  return "vLLM";
+}
+
+RouterTier RouterTierOf(std::string_view medium) {
+  if (medium == "GPU") return RouterTier::kGpu;
+  if (medium == "CPU") return RouterTier::kCpu;
+  if (medium == "STORAGE" || medium == "DISK") return RouterTier::kDisk;
+  return RouterTier::kOther;
+}
+
+std::string Registration::SourceName() const {
+  return instance_id + "@" + tenant_id + "@" + std::to_string(dp_rank);
+}
+
+std::string Registration::Key() const {
+  return instance_id + "|" + tenant_id + "|" + std::to_string(dp_rank);
+}
+
+Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote) {
+  KVO_ASSIGN_OR_RETURN(json o, ParseBody(body, "/register", 64));
+  Registration r;
+  KVO_ASSIGN_OR_RETURN(r.endpoint, ReqString(o, "endpoint"));
+  KVO_RETURN_IF_ERROR(CheckEndpoint(r.endpoint, "endpoint", allow_remote));
+  KVO_ASSIGN_OR_RETURN(r.replay_endpoint, OptString(o, "replay_endpoint"));
+  if (r.replay_endpoint && r.replay_endpoint->empty()) r.replay_endpoint.reset();
+  if (r.replay_endpoint) {
+    KVO_RETURN_IF_ERROR(CheckEndpoint(*r.replay_endpoint, "replay_endpoint", allow_remote));
+    if (*r.replay_endpoint == r.endpoint) {
+      return Bad("'replay_endpoint' must differ from 'endpoint'");
+    }
+  }
+  KVO_ASSIGN_OR_RETURN(std::string type, ReqString(o, "type"));
+  if (type == "vLLM" || type == "vllm") {
+    r.type = EngineType::kVllm;
+  } else if (type == "SGLang" || type == "sglang") {
+    r.type = EngineType::kSglang;
+  } else if (type == "Mooncake") {
+    return Bad(
+        "'type' 'Mooncake' is not supported: kvo decodes vLLM's event format (vLLM, SGLang)");
+  } else {
+    return Bad("'type' must be \"vLLM\", \"SGLang\" or \"Mooncake\", got '" + CutForMessage(type) +
+               "'");
+  }
+  KVO_ASSIGN_OR_RETURN(auto model, ModelKey(o));
+  if (!model) return Bad("'modelname' is required");
+  r.model = *model;
+  KVO_ASSIGN_OR_RETURN(auto lora, OptString(o, "lora_name"));
+  r.lora_name = lora.value_or("");
+  KVO_ASSIGN_OR_RETURN(r.tenant_id, Identity(o, "tenant_id", "default"));
+  KVO_ASSIGN_OR_RETURN(r.instance_id, Identity(o, "instance_id", std::nullopt));
+  KVO_ASSIGN_OR_RETURN(r.block_size, ReqInt(o, "block_size", 1, kMaxBlockSize));
+  KVO_ASSIGN_OR_RETURN(r.dp_rank, ReqInt(o, "dp_rank", 0, kMaxRank));
+  KVO_ASSIGN_OR_RETURN(auto salt, OptString(o, "additionalsalt"));
+  if (!salt) {
+    KVO_ASSIGN_OR_RETURN(salt, OptString(o, "additional_salt"));
+  }
+  r.additional_salt = salt.value_or("");
+  return r;
+}
+
+std::string RenderRegistration(const Registration& r) {
+  OJson j;
+  j["endpoint"] = r.endpoint;
+  if (r.replay_endpoint) j["replay_endpoint"] = *r.replay_endpoint;
+  j["type"] = std::string(EngineTypeName(r.type));
+  j["modelname"] = r.model;
+  j["lora_name"] = r.lora_name;
+  j["tenant_id"] = r.tenant_id;
+  j["instance_id"] = r.instance_id;
+  j["block_size"] = r.block_size;
+  j["dp_rank"] = r.dp_rank;
+  j["additionalsalt"] = r.additional_salt;
+  return j.dump();
+}
+
+std::string FirstDifference(const Registration& a, const Registration& b) {
+  if (a.endpoint != b.endpoint) return "endpoint";
+  if (a.replay_endpoint != b.replay_endpoint) return "replay_endpoint";
+  if (a.type != b.type) return "type";
+  if (a.model != b.model) return "modelname";
+  if (a.lora_name != b.lora_name) return "lora_name";
+  if (a.block_size != b.block_size) return "block_size";
+  if (a.additional_salt != b.additional_salt) return "additionalsalt";
+  return "";
+}
+
+Result<UnregisterRequest> ParseUnregisterRequest(std::string_view body) {
+  KVO_ASSIGN_OR_RETURN(json o, ParseBody(body, "/unregister", 64));
+  UnregisterRequest u;
+  KVO_ASSIGN_OR_RETURN(u.instance_id, Identity(o, "instance_id", std::nullopt));
+  KVO_ASSIGN_OR_RETURN(u.tenant_id, Identity(o, "tenant_id", "default"));
+  KVO_ASSIGN_OR_RETURN(u.dp_rank, OptInt(o, "dp_rank", 0, kMaxRank));
+  return u;
+}
+
+Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items) {
+  const char* route = by_hash ? "/query_by_hash" : "/query";
+  KVO_ASSIGN_OR_RETURN(json o,
+                       ParseBody(body, route, max_items, by_hash ? "seq_hashes" : "token_ids"));
+  RouterQuery q;
+  KVO_ASSIGN_OR_RETURN(auto model, ModelKey(o));
+  if (!model) return Bad("'model' is required");
+  q.model = *model;
+  KVO_ASSIGN_OR_RETURN(auto lora, OptString(o, "lora_name"));
+  const json* lora_id = Find(o, "lora_id");
+  if (lora_id != nullptr && !lora_id->is_null()) {
+    if (lora) return Bad("'lora_name' and 'lora_id' are both given; send one");
+    if (lora_id->is_string()) {
+      lora = lora_id->get<std::string>();
+    } else if (lora_id->is_number_integer()) {
+      lora = lora_id->dump();
+    } else {
+      return Bad("'lora_id' must be a string or an integer, got " + DescribeJson(*lora_id));
+    }
+  }
+  q.lora_name = lora.value_or("");
+  KVO_ASSIGN_OR_RETURN(q.tenant_id, Identity(o, "tenant_id", "default"));
+  KVO_ASSIGN_OR_RETURN(auto instance, OptString(o, "instance_id"));
+  if (instance) {
+    KVO_ASSIGN_OR_RETURN(q.instance_id, Identity(o, "instance_id", std::nullopt));
+  }
+  KVO_ASSIGN_OR_RETURN(q.block_size, ReqInt(o, "block_size", 1, kMaxBlockSize));
+  KVO_ASSIGN_OR_RETURN(auto salt, OptString(o, "cache_salt"));
+  q.cache_salt = salt.value_or("");
+  if (by_hash) {
+    const json* seq = Find(o, "seq_hashes");
+    const json* old = Find(o, "block_hash");
+    if (seq != nullptr && old != nullptr) {
+      return Bad("'seq_hashes' and 'block_hash' are both given; send one");
+    }
+    if (seq == nullptr && old == nullptr) return Bad("'seq_hashes' is required");
+    KVO_ASSIGN_OR_RETURN(q.hashes, Hashes(seq != nullptr ? *seq : *old,
+                                          seq != nullptr ? "seq_hashes" : "block_hash"));
+  } else {
+    const json* v = Find(o, "token_ids");
+    if (v == nullptr) return Bad("'token_ids' is required");
+    if (!v->is_array())
+      return Bad("'token_ids' must be an array of integers, got " + DescribeJson(*v));
+    q.token_ids.reserve(v->size());
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      if (!t.is_number_integer() ||
+          (t.is_number_unsigned() && t.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+        return Bad("'token_ids[" + std::to_string(i) + "]' must be an integer, got " +
+                   DescribeJson(t));
+      }
+      q.token_ids.push_back(t.get<int64_t>());
+    }
+  }
+  return q;
+}
+
+TierBoundaries MatchTiers(const std::vector<ExplainBlock>& blocks, std::string_view source,
+                          int64_t dp_rank) {
+  auto mask = [&](const ExplainBlock& b) {
+    unsigned m = 0;
+    for (const ExplainHolder& h : b.holders) {
+      if (h.source != source || h.dp_rank != dp_rank) continue;
+      switch (RouterTierOf(h.medium)) {
+        case RouterTier::kGpu:
+          m |= 1;
+          break;
+        case RouterTier::kCpu:
+          m |= 2;
+          break;
+        case RouterTier::kDisk:
+          m |= 4;
+          break;
+        case RouterTier::kOther:
+          break;
+      }
+    }
+    return m;
+  };
+  TierBoundaries b;
+  size_t i = 0;
+  const size_t n = blocks.size();
+  while (i < n && (mask(blocks[i]) & 1u) != 0) ++i;
+  b.gpu = static_cast<int64_t>(i);
+  while (i < n && (mask(blocks[i]) & 3u) != 0) ++i;
+  b.cpu = static_cast<int64_t>(i);
+  while (i < n && (mask(blocks[i]) & 7u) != 0) ++i;
+  b.disk = static_cast<int64_t>(i);
+  return b;
+}
+
+void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, InstanceMatch* m) {
+  const int64_t gpu = b.gpu * block_size;
+  const int64_t cpu = b.cpu > b.gpu ? b.cpu * block_size : 0;
+  const int64_t disk = b.disk > b.cpu ? b.disk * block_size : 0;
+  const int64_t longest = b.disk * block_size;
+  m->gpu = std::max(m->gpu, gpu);
+  m->cpu = std::max(m->cpu, cpu);
+  m->disk = std::max(m->disk, disk);
+  m->longest_matched = std::max(m->longest_matched, longest);
+  int64_t& dp = m->dp[dp_rank];
+  dp = std::max(dp, longest);
+}
+
+std::string RenderRouterQueryResponse(const std::string& tenant,
+                                      const std::map<std::string, InstanceMatch>& instances) {
+  OJson by_instance = OJson::object();
+  for (const auto& [id, m] : instances) {
+    OJson e;
+    e["longest_matched"] = m.longest_matched;
+    e["GPU"] = m.gpu;
+    OJson dp = OJson::object();
+    for (const auto& [rank, n] : m.dp) dp[std::to_string(rank)] = n;
+    e["DP"] = std::move(dp);
+    e["CPU"] = m.cpu;
+    e["DISK"] = m.disk;
+    by_instance[id] = std::move(e);
+  }
+  OJson out;
+  out[tenant] = std::move(by_instance);
+  return out.dump();
+}
+
+std::string RenderRegistered(const std::string& instance_id) {
+  OJson j;
+  j["status"] = "registered successfully";
+  j["instance_id"] = instance_id;
+  return j.dump();
+}
+
+std::string RenderUnregistered(const std::vector<std::string>& removed) {
+  OJson j;
+  j["status"] = "unregistered successfully";
+  j["removed_instances"] = removed;
+  return j.dump();
+}
+
+std::string RenderWorkers(const std::vector<WorkerInfo>& workers) {
+  OJson list = OJson::array();
+  for (const WorkerInfo& w : workers) {
+    OJson j;
+    j["instance_id"] = w.reg.instance_id;
+    j["tenant_id"] = w.reg.tenant_id;
+    j["dp_rank"] = w.reg.dp_rank;
+    j["endpoint"] = w.reg.endpoint;
+    j["replay_endpoint"] = w.reg.replay_endpoint ? OJson(*w.reg.replay_endpoint) : OJson(nullptr);
+    if (w.registered) {
+      j["type"] = std::string(EngineTypeName(w.reg.type));
+      j["model_name"] = w.reg.model;
+      j["lora_name"] = w.reg.lora_name;
+      j["block_size"] = w.reg.block_size;
+    }
+    j["source"] = w.source;
+    j["registered"] = w.registered;
+    j["state"] = w.state;
+    j["last_sequence"] = w.last_sequence ? OJson(*w.last_sequence) : OJson(nullptr);
+    list.push_back(std::move(j));
+  }
+  OJson out;
+  out["workers"] = std::move(list);
+  return out.dump();
+}
+
+}  // namespace kvo

@@ -1,0 +1,136 @@
+// The Mooncake/Dynamo indexer HTTP API (RFC #1403, ../shared/reference/router-apis.md) as pure
+// functions: parsing /register, /unregister, /query and /query_by_hash bodies, the tiered match
+// of one stream, and rendering the answers. No sockets, no state; thread-safe. The service
+// (service.cc) owns the registrations and the subscriptions.
+//
+//   POST /register   {"endpoint", "replay_endpoint"?, "type", "modelname" | "model_name" |
+//                     "model", "lora_name"?, "tenant_id"?, "instance_id", "block_size",
+//                     "dp_rank", "additionalsalt"?}
+//     -> {"status": "registered successfully", "instance_id"}
+//   POST /unregister {"instance_id", "tenant_id"?, "dp_rank"?, ...}  (dp_rank omitted: every rank)
+//     -> {"status": "unregistered successfully", "removed_instances": ["<id>|<tenant>|<rank>"]}
+//   POST /query      {"model" | "model_name" | "modelname", "token_ids", "block_size",
+//                     "lora_name"? | "lora_id"?, "tenant_id"?, "instance_id"?, "cache_salt"?}
+//   POST /query_by_hash  the same with "seq_hashes" (or "block_hash") instead of "token_ids"
+//     -> {tenant: {instance_id: {"longest_matched", "GPU", "DP": {rank: n}, "CPU", "DISK"}}}
+//   errors -> {"error": "<what, naming the field>"} (400; 409 for a conflicting registration)
+//
+// Keys these routes do not know are ignored (the peers' clients send more than they read).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "indexer/indexer.h"
+
+namespace kvo {
+
+// The publisher kinds of the API's "type". kvo decodes vLLM's event wire format; SGLang
+// publishes the same format. Mooncake's own store events are not decoded (refused).
+enum class EngineType { kVllm, kSglang };
+std::string_view EngineTypeName(EngineType t);
+
+// The API's media. vLLM's STORAGE is DISK here; other media names (e.g. "kvcr") take no part.
+enum class RouterTier { kGpu, kCpu, kDisk, kOther };
+RouterTier RouterTierOf(std::string_view medium);
+
+struct Registration {
+  std::string endpoint;
+  std::optional<std::string> replay_endpoint;
+  EngineType type = EngineType::kVllm;
+  std::string model;
+  std::string lora_name;  // "" = the base model
+  std::string tenant_id = "default";
+  std::string instance_id;
+  int64_t block_size = 0;
+  int64_t dp_rank = 0;
+  std::string additional_salt;
+
+  // The index's source name for this registration: "<instance_id>@<tenant_id>@<dp_rank>".
+  std::string SourceName() const;
+  // The API's name of it: "<instance_id>|<tenant_id>|<dp_rank>".
+  std::string Key() const;
+  // Same subscription and scoping (every field).
+  bool operator==(const Registration&) const = default;
+};
+
+// Parses and validates a /register body. Endpoints must be tcp:// or ipc://; a tcp:// host off
+// loopback is refused unless allow_remote. InvalidArgument naming the field.
+Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote);
+// The stored form (the index's `registrations.body`); ParseRegisterRequest reads it back.
+std::string RenderRegistration(const Registration& r);
+// Names the first field in which two registrations of one key differ ("" when equal).
+std::string FirstDifference(const Registration& a, const Registration& b);
+
+struct UnregisterRequest {
+  std::string instance_id;
+  std::string tenant_id = "default";
+  std::optional<int64_t> dp_rank;  // none: every rank of the instance
+};
+Result<UnregisterRequest> ParseUnregisterRequest(std::string_view body);
+
+struct RouterQuery {
+  std::string model;
+  std::string lora_name;  // "" = base model
+  std::string tenant_id = "default";
+  std::optional<std::string> instance_id;
+  int64_t block_size = 0;
+  std::string cache_salt;
+  std::vector<int64_t> token_ids;  // /query
+  std::vector<uint64_t> hashes;    // /query_by_hash
+};
+// by_hash: /query_by_hash ("seq_hashes" or "block_hash"), else /query ("token_ids"). A list
+// longer than max_items is a 400 (checked on the text before the DOM is built).
+Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items);
+
+// One stream's tiered match, in blocks: its GPU prefix, then (from the first GPU miss) blocks
+// held on GPU or CPU, then blocks held on any of GPU, CPU, DISK.
+struct TierBoundaries {
+  int64_t gpu = 0;
+  int64_t cpu = 0;   // >= gpu
+  int64_t disk = 0;  // >= cpu: the stream's longest match
+};
+TierBoundaries MatchTiers(const std::vector<ExplainBlock>& blocks, std::string_view source,
+                          int64_t dp_rank);
+
+// One instance's answer, in tokens.
+struct InstanceMatch {
+  int64_t longest_matched = 0;
+  int64_t gpu = 0;
+  int64_t cpu = 0;
+  int64_t disk = 0;
+  std::map<int64_t, int64_t> dp;  // rank -> matched tokens
+};
+// Folds one rank's boundaries into its instance: "GPU" is the GPU prefix; "CPU" / "DISK" the
+// cumulative boundary reached once that medium is consumed, 0 when it adds nothing; over ranks,
+// the largest of each.
+void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, InstanceMatch* m);
+
+// {tenant: {instance_id: {...}}}
+std::string RenderRouterQueryResponse(const std::string& tenant,
+                                      const std::map<std::string, InstanceMatch>& instances);
+
+// {"status": "registered successfully", "instance_id": id}
+std::string RenderRegistered(const std::string& instance_id);
+// {"status": "unregistered successfully", "removed_instances": [...]}
+std::string RenderUnregistered(const std::vector<std::string>& removed);
+
+// GET /workers: {"workers": [{"instance_id", "tenant_id", "dp_rank", "endpoint",
+// "replay_endpoint", "type", "model_name", "lora_name", "block_size", "source", "registered",
+// "state", "last_sequence"}]}; a --source/--config stream appears with its source name as
+// instance_id (tenant "default", no model).
+struct WorkerInfo {
+  Registration reg;
+  std::string source;
+  bool registered = false;
+  std::string state;
+  std::optional<uint64_t> last_sequence;
+};
+std::string RenderWorkers(const std::vector<WorkerInfo>& workers);
+
+}  // namespace kvo

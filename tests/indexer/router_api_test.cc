@@ -1,0 +1,422 @@
+// The Mooncake/Dynamo indexer API (router-apis.md §1-2) on the daemon: the reference's exact
+// request bodies, exact response shapes, the tiered match, scoping, durable registrations across a
+// restart of the indexer, unregister, and bad input. Real publishers (kvo's, journaled, over
+// loopback TCP), a real SQLite file; synchronisation by polling with a deadline.
+#include "indexer/router_api.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include <sqlite3.h>
+
+#include "events/zmq_publisher.h"
+#include "indexer/service.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+using Json = nlohmann::json;
+using namespace std::chrono_literals;
+
+constexpr int64_t kBs = 128;  // the reference registration's block_size
+
+bool Eventually(const std::function<bool()>& cond) {
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::vector<int64_t> Tokens(int64_t blocks) {
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < blocks * kBs; ++i) t.push_back(1000 + i);
+  return t;
+}
+
+// A store of the first `blocks` blocks (hashes 11, 12, ...) on `medium`, LoRA "sql-adapter".
+EventBatch Store(int64_t blocks, const char* medium, int64_t rank) {
+  BlockStored s;
+  for (int64_t i = 0; i < blocks; ++i) s.block_hashes.push_back(BlockHash::Uint(11 + i));
+  s.token_ids = Tokens(blocks);
+  s.block_size = kBs;
+  s.medium = medium;
+  s.lora_name = "sql-adapter";
+  return EventBatch{1700000000.0, {s}, rank};
+}
+
+struct Publisher {
+  KvEventsConfig config;
+  std::unique_ptr<EventPublisher> pub;
+  std::string endpoint, replay;
+};
+
+Publisher MakePublisher(const std::string& journal_dir) {
+  Publisher p;
+  int port = FreePort();
+  int replay = FreePort();
+  p.config.enable_kv_cache_events = true;
+  p.config.publisher = "zmq";
+  p.config.endpoint = "tcp://*:" + std::to_string(port);
+  p.config.replay_endpoint = "tcp://*:" + std::to_string(replay);
+  p.config.journal_dir = journal_dir;
+  auto made = CreateEventPublisher(p.config, 0);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (made.ok()) p.pub = std::move(made).value();
+  p.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  p.replay = "tcp://127.0.0.1:" + std::to_string(replay);
+  return p;
+}
+
+class RouterApiTest : public ::testing::Test {
+ protected:
+  IndexerConfig Config() {
+    IndexerConfig c;
+    c.db = dir_.path() + "/index.sqlite";
+    c.http = "127.0.0.1:0";
+    c.idle_probe_ms = 100;
+    c.replay_timeout_ms = 500;
+    c.retry_initial_ms = 20;
+    c.retry_max_ms = 200;
+    c.silent_after_ms = 300;
+    c.max_query_tokens = 100'000;
+    return c;
+  }
+  std::unique_ptr<IndexerService> Start() {
+    ServiceOptions o;
+    o.start_http = false;
+    auto svc = IndexerService::Start(Config(), o);
+    EXPECT_TRUE(svc.ok()) << svc.status().ToString();
+    return svc.ok() ? std::move(svc).value() : nullptr;
+  }
+  static HttpResponse Call(IndexerService& svc, const std::string& method, const std::string& path,
+                           const std::string& body = "") {
+    HttpRequest r;
+    r.method = method;
+    r.path = path;
+    r.body = body;
+    return svc.Handle(r);
+  }
+  static Json Ok(const HttpResponse& r) {
+    EXPECT_EQ(r.status, 200) << r.body;
+    return Json::parse(r.body);
+  }
+  static std::string Error(const HttpResponse& r, int status = 400) {
+    EXPECT_EQ(r.status, status) << r.body;
+    Json j = Json::parse(r.body);
+    EXPECT_TRUE(j.contains("error")) << r.body;
+    return j.value("error", "");
+  }
+  testing::TempDir dir_;
+};
+
+// The reference's register body, with the given endpoints and rank.
+std::string RegisterBody(const std::string& endpoint, const std::string& replay, int rank) {
+  return R"({"endpoint": ")" + endpoint + R"(", "replay_endpoint": ")" + replay +
+         R"(", "type": "vLLM",
+ "modelname": "deepseek", "lora_name": "sql-adapter", "tenant_id": "default",
+ "instance_id": "vllm-prefill-node1", "block_size": 128, "dp_rank": )" +
+         std::to_string(rank) + R"(, "additionalsalt": "w8a8"})";
+}
+
+std::string QueryBody(int64_t blocks) {
+  Json q = Json::parse(R"({"model": "deepseek", "lora_name": "sql-adapter", "token_ids": [],
+ "tenant_id": "default", "instance_id": "vllm-prefill-node1", "block_size": 128,
+ "cache_salt": "w8a8"})");
+  q["token_ids"] = Tokens(blocks);
+  return q.dump();
+}
+
+Json Expected(int64_t longest, int64_t gpu, int64_t cpu, int64_t disk, Json dp) {
+  Json e;
+  e["default"]["vllm-prefill-node1"] = {
+      {"longest_matched", longest}, {"GPU", gpu}, {"DP", dp}, {"CPU", cpu}, {"DISK", disk}};
+  return e;
+}
+
+TEST_F(RouterApiTest, ReferenceBodiesTieredMatchRestartAndUnregister) {
+  Publisher r0 = MakePublisher(dir_.path() + "/j0");
+  Publisher r1 = MakePublisher(dir_.path() + "/j1");
+  ASSERT_TRUE(r0.pub && r1.pub);
+  // Rank 0: blocks 0-1 on GPU, 0-2 on CPU, 0-3 on disk (STORAGE). Rank 1: block 0 on GPU.
+  ASSERT_TRUE(r0.pub->Publish(Store(2, kMediumGpu, 0)).ok());
+  ASSERT_TRUE(r0.pub->Publish(Store(3, kMediumCpu, 0)).ok());
+  ASSERT_TRUE(r0.pub->Publish(Store(4, "STORAGE", 0)).ok());
+  ASSERT_TRUE(r1.pub->Publish(Store(1, kMediumGpu, 1)).ok());
+  r0.pub->Flush();
+  r1.pub->Flush();
+
+  auto svc = Start();  // no --source: registrations only
+  ASSERT_NE(svc, nullptr);
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/health")), Json::parse(R"({"status": "ok"})"));
+  // The reference's body verbatim names a host off loopback: refused without --allow-remote.
+  std::string err = Error(Call(
+      *svc, "POST", "/register",
+      R"({"endpoint": "tcp://1.1.1.1:5557", "replay_endpoint": "tcp://1.1.1.1:5558", "type": "vLLM",
+ "modelname": "deepseek", "lora_name": "sql-adapter", "tenant_id": "default",
+ "instance_id": "vllm-prefill-node1", "block_size": 128, "dp_rank": 0, "additionalsalt": "w8a8"})"));
+  EXPECT_NE(err.find("'endpoint'"), std::string::npos) << err;
+  EXPECT_NE(err.find("--allow-remote"), std::string::npos) << err;
+
+  EXPECT_EQ(
+      Ok(Call(*svc, "POST", "/register", RegisterBody(r0.endpoint, r0.replay, 0))),
+      Json::parse(R"({"status": "registered successfully", "instance_id": "vllm-prefill-node1"})"));
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/register", RegisterBody(r1.endpoint, r1.replay, 1)))["status"],
+            "registered successfully");
+  // Again, identical: idempotent. Another endpoint under the same name: 409.
+  EXPECT_EQ(Call(*svc, "POST", "/register", RegisterBody(r0.endpoint, r0.replay, 0)).status, 200);
+  err = Error(Call(*svc, "POST", "/register", RegisterBody(r1.endpoint, r0.replay, 0)), 409);
+  EXPECT_NE(err.find("'endpoint'"), std::string::npos) << err;
+
+  const Json full = Expected(4 * kBs, 2 * kBs, 3 * kBs, 4 * kBs, {{"0", 4 * kBs}, {"1", kBs}});
+  ASSERT_TRUE(Eventually([&] {
+    return Json::parse(Call(*svc, "POST", "/query", QueryBody(6)).body) == full;
+  })) << Call(*svc, "POST", "/query", QueryBody(6)).body;
+
+  // The reference's /query body verbatim: 5 tokens, no complete block of 64: nothing matched.
+  EXPECT_EQ(
+      Ok(Call(
+          *svc, "POST", "/query",
+          R"({"model": "deepseek", "lora_name": "sql-adapter", "token_ids": [101, 15, 100, 55, 89],
+ "tenant_id": "default", "instance_id": "vllm-prefill-node1", "block_size": 64, "cache_salt": "w8a8"})")),
+      Expected(0, 0, 0, 0, {{"0", 0}, {"1", 0}}));
+  // By hash (both spellings); the instance omitted: every instance of the tenant.
+  const std::string by_hash =
+      R"({"model": "deepseek", "lora_name": "sql-adapter", "seq_hashes": [11, 12, 13, 14, 99],
+ "tenant_id": "default", "block_size": 128, "cache_salt": "w8a8"})";
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/query_by_hash", by_hash)), full);
+  std::string old_spelling = by_hash;
+  old_spelling.replace(old_spelling.find("seq_hashes"), 10, "block_hash");
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/query_by_hash", old_spelling)), full);
+  // Scoping: another LoRA or salt matches no registration (the tenant's answer is empty).
+  Json other_lora = Json::parse(QueryBody(4));
+  other_lora["lora_name"] = nullptr;
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/query", other_lora.dump())), Json::parse(R"({"default": {}})"));
+  Json workers = Ok(Call(*svc, "GET", "/workers"));
+  ASSERT_EQ(workers["workers"].size(), 2u);
+  EXPECT_EQ(workers["workers"][0]["instance_id"], "vllm-prefill-node1");
+  EXPECT_EQ(workers["workers"][0]["model_name"], "deepseek");
+
+  // Restart of the indexer between register and query: no flags, the registrations resume from
+  // their checkpoints (the stream is not replayed from scratch).
+  svc->Stop();
+  svc.reset();
+  ASSERT_TRUE(r0.pub->Publish(Store(5, "STORAGE", 0)).ok());  // while the indexer is down
+  r0.pub->Flush();
+  svc = Start();
+  ASSERT_NE(svc, nullptr);
+  const Json after = Expected(5 * kBs, 2 * kBs, 3 * kBs, 5 * kBs, {{"0", 5 * kBs}, {"1", kBs}});
+  ASSERT_TRUE(Eventually([&] {
+    return Json::parse(Call(*svc, "POST", "/query", QueryBody(6)).body) == after;
+  })) << Call(*svc, "POST", "/query", QueryBody(6)).body;
+  for (const SourceStatus& s : svc->Sources()) {
+    ASSERT_EQ(s.streams.size(), 1u);
+    // This process applied only what was published while the indexer was down.
+    EXPECT_EQ(s.streams[0].batches_applied, s.name.ends_with("@0") ? 1u : 0u) << s.name;
+  }
+
+  // Unregister rank 1 (the reference's body names rank 0: use it for rank 0 afterwards).
+  EXPECT_EQ(
+      Ok(Call(
+          *svc, "POST", "/unregister",
+          R"({"type": "vLLM", "modelname": "deepseek", "lora_name": "sql-adapter", "tenant_id": "default",
+ "instance_id": "vllm-prefill-node1", "block_size": 128, "dp_rank": 1})")),
+      Json::parse(
+          R"({"status": "unregistered successfully", "removed_instances": ["vllm-prefill-node1|default|1"]})"));
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/query", QueryBody(6))),
+            Expected(5 * kBs, 2 * kBs, 3 * kBs, 5 * kBs, {{"0", 5 * kBs}}));
+  EXPECT_FALSE(svc->index().LastSequence("vllm-prefill-node1@default@1", 1).ok());
+  EXPECT_EQ(
+      Ok(Call(
+          *svc, "POST", "/unregister",
+          R"({"type": "vLLM", "modelname": "deepseek", "lora_name": "sql-adapter", "tenant_id": "default",
+ "instance_id": "vllm-prefill-node1", "block_size": 128, "dp_rank": 0})"))["removed_instances"],
+      Json::parse(R"(["vllm-prefill-node1|default|0"])"));
+  err = Error(Call(*svc, "POST", "/query", QueryBody(6)));
+  EXPECT_NE(err.find("'tenant_id'"), std::string::npos) << err;
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 0u);
+  // Unregistered stays unregistered after a restart.
+  svc->Stop();
+  svc.reset();
+  svc = Start();
+  ASSERT_NE(svc, nullptr);
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 0u);
+  svc->Stop();
+  r0.pub->Shutdown();
+  r1.pub->Shutdown();
+}
+
+TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  const std::string ok =
+      RegisterBody("ipc://" + dir_.path() + "/a", "ipc://" + dir_.path() + "/b", 0);
+  ASSERT_EQ(Call(*svc, "POST", "/register", ok).status, 200);
+  struct Case {
+    const char* path;
+    std::string body;
+    const char* names;
+  };
+  const std::vector<Case> cases = {
+      {"/register", "not json", "invalid JSON"},
+      {"/register", "[1]", "JSON object"},
+      {"/register",
+       R"({"endpoint": "ipc:///x", "type": "vLLM", "modelname": "m", "block_size": 16, "dp_rank": 0})",
+       "'instance_id'"},
+      {"/register",
+       R"({"endpoint": "http://127.0.0.1:1", "type": "vLLM", "modelname": "m", "instance_id": "i", "block_size": 16, "dp_rank": 0})",
+       "'endpoint'"},
+      {"/register",
+       R"({"endpoint": "tcp://127.0.0.1:5", "type": "vLLM", "modelname": "m", "instance_id": "i", "block_size": "16", "dp_rank": 0})",
+       "'block_size'"},
+      {"/register",
+       R"({"endpoint": "tcp://127.0.0.1:5", "type": "TRT", "modelname": "m", "instance_id": "i", "block_size": 16, "dp_rank": 0})",
+       "'type'"},
+      {"/register",
+       R"({"endpoint": "tcp://10.0.0.1:5", "type": "vLLM", "modelname": "m", "instance_id": "i", "block_size": 16, "dp_rank": 0})",
+       "--allow-remote"},
+      {"/unregister", R"({"instance_id": "nobody"})", "'instance_id'"},
+      {"/query", R"({"model": "deepseek", "block_size": 128})", "'token_ids'"},
+      {"/query", R"({"model": "deepseek", "token_ids": [1, "x"], "block_size": 128})",
+       "'token_ids[1]'"},
+      {"/query", R"({"token_ids": [1], "block_size": 128})", "'model'"},
+      {"/query", R"({"model": "deepseek", "token_ids": [1], "block_size": 0})", "'block_size'"},
+      {"/query", R"({"model": "other", "token_ids": [1], "block_size": 128})", "'model'"},
+      {"/query", R"({"model": "deepseek", "token_ids": [1], "block_size": 128, "tenant_id": "t2"})",
+       "'tenant_id'"},
+      {"/query",
+       R"({"model": "deepseek", "token_ids": [1], "block_size": 128, "instance_id": "x"})",
+       "'instance_id'"},
+      {"/query",
+       R"({"model": "deepseek", "token_ids": [1], "block_size": 128, "lora_name": "a", "lora_id": 3})",
+       "'lora_id'"},
+      {"/query_by_hash", R"({"model": "deepseek", "block_size": 128})", "'seq_hashes'"},
+      {"/query_by_hash", R"({"model": "deepseek", "block_size": 128, "seq_hashes": [1.5]})",
+       "'seq_hashes[0]'"},
+  };
+  for (const Case& c : cases) {
+    std::string e = Error(Call(*svc, "POST", c.path, c.body));
+    EXPECT_NE(e.find(c.names), std::string::npos) << c.path << " " << c.body << " -> " << e;
+  }
+  // Over the token limit: refused before the DOM is built, naming the list.
+  Json big = Json::parse(QueryBody(1));
+  std::vector<int64_t> many(static_cast<size_t>(Config().max_query_tokens) + 1, 7);
+  big["token_ids"] = many;
+  std::string e = Error(Call(*svc, "POST", "/query", big.dump()));
+  EXPECT_NE(e.find("'token_ids'"), std::string::npos) << e;
+  EXPECT_EQ(Call(*svc, "GET", "/query").status, 405);
+  // Nothing registered was lost.
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 1u);
+  svc->Stop();
+}
+
+// The index's word-parallel tiered walk (Indexer::Tiered, what /query uses) equals the plain
+// block-by-block rule (MatchTiers over Explain's holders) on random tier layouts, prefixes and
+// removals of 70 streams (two bit words).
+TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
+  IndexerOptions o;
+  o.background_thread = false;
+  auto idx = Indexer::Open(dir_.path() + "/tiered.sqlite", o);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  std::mt19937_64 rng(12345);
+  const char* media[] = {kMediumGpu, kMediumCpu, "STORAGE", "kvcr"};
+  std::map<std::pair<std::string, int64_t>, uint64_t> seq;
+  for (int step = 0; step < 600; ++step) {
+    const std::string src = "s" + std::to_string(rng() % 35);
+    const int64_t rank = static_cast<int64_t>(rng() % 2);
+    EventBatch b;
+    if (rng() % 5 == 0) {
+      BlockRemoved r;
+      r.block_hashes = {BlockHash::Uint(11 + rng() % 10)};
+      r.medium = media[rng() % 4];
+      b.events.push_back(r);
+    } else {
+      b = Store(1 + static_cast<int64_t>(rng() % 10), media[rng() % 4], rank);
+    }
+    ASSERT_TRUE((*idx)->ApplyBatch(src, rank, seq[{src, rank}]++, b).ok());
+  }
+  int nontrivial = 0;  // streams where CPU and disk both extend the GPU prefix
+  for (int64_t n : {1, 4, 10, 12}) {
+    for (bool by_hash : {false, true}) {
+      ScoreQuery q;
+      if (by_hash) {
+        for (int64_t i = 0; i < n; ++i) q.block_hashes.push_back(static_cast<uint64_t>(11 + i));
+      } else {
+        q.token_ids = Tokens(n);
+        q.block_size = kBs;
+        q.lora_name = "sql-adapter";
+      }
+      auto tiered = (*idx)->Tiered(q);
+      auto explain = (*idx)->Explain(q);
+      ASSERT_TRUE(tiered.ok() && explain.ok());
+      ASSERT_EQ(tiered->size(), seq.size());
+      for (const Indexer::TieredMatch& t : *tiered) {
+        TierBoundaries want = MatchTiers(explain->blocks, t.source, t.dp_rank);
+        EXPECT_EQ(t.gpu, want.gpu) << t.source << "/" << t.dp_rank << " n " << n;
+        EXPECT_EQ(t.cpu, want.cpu) << t.source << "/" << t.dp_rank << " n " << n;
+        EXPECT_EQ(t.disk, want.disk) << t.source << "/" << t.dp_rank << " n " << n;
+        nontrivial += t.gpu < t.cpu && t.cpu < t.disk ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(nontrivial, 0);
+}
+
+// A version-1 file (before registrations) gains the table at open, keeping its content.
+TEST_F(RouterApiTest, Version1FileIsMigrated) {
+  const std::string path = dir_.path() + "/v1.sqlite";
+  {
+    IndexerOptions o;
+    o.background_thread = false;
+    auto idx = Indexer::Open(path, o);
+    ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+    ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 5, Store(2, kMediumGpu, 0)).ok());
+    ASSERT_TRUE((*idx)->Flush().ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE registrations; PRAGMA user_version = 1;", nullptr, nullptr,
+                         nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  IndexerOptions o;
+  o.background_thread = false;
+  auto idx = Indexer::Open(path, o);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  EXPECT_EQ(*(*idx)->LastSequence("s", 0), 5u);
+  auto regs = (*idx)->Registrations();
+  ASSERT_TRUE(regs.ok()) << regs.status().ToString();
+  EXPECT_TRUE(regs->empty());
+  ASSERT_TRUE((*idx)->PutRegistration("a@default@0", "{}").ok());
+  regs = (*idx)->Registrations();
+  ASSERT_TRUE(regs.ok());
+  ASSERT_EQ(regs->size(), 1u);
+  EXPECT_EQ((*regs)[0].name, "a@default@0");
+  EXPECT_EQ((*idx)->Stats().schema_version, 2);
+}
+
+}  // namespace
+}  // namespace kvo
