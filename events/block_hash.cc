@@ -9,7 +9,8 @@
 //     (header and data) outside any frame.
 //   * memo: str, bytes and non-empty tuples get MEMOIZE; a repeated object is BINGET/LONG_BINGET;
 //     ints, None and () are never memoized.
-// Everything is written into one reused buffer, then hashed with OpenSSL's SHA-256.
+// Everything is written into one reused buffer, then hashed with OpenSSL's SHA-256 or
+// libxxhash's XXH3-128 (seed 0, canonical big-endian digest as Python's xxh3_128_digest).
 #include "events/block_hash.h"
 
 #include <openssl/evp.h>
@@ -24,6 +25,7 @@
 
 #include "common/check.h"
 #include "common/json.h"
+#include "xxhash.h"
 
 namespace kvo {
 namespace {
@@ -566,13 +568,20 @@ struct BlockHasher::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  std::string Digest() {
-    std::string out(kBlockDigestSize, '\0');
+  std::string Digest(HashAlgo algo) {
+    if (!IsCryptographic(algo)) {
+      // Python's xxhash.xxh3_128_digest: XXH3_128bits (seed 0) in canonical (big-endian) form.
+      XXH128_canonical_t canon;
+      XXH128_canonicalFromHash(&canon, XXH3_128bits(buf.Data(), buf.Size()));
+      static_assert(sizeof(canon.digest) == kXxh3DigestSize);
+      return std::string(reinterpret_cast<const char*>(canon.digest), kXxh3DigestSize);
+    }
+    std::string out(kSha256DigestSize, '\0');
     unsigned int len = 0;
     KVO_CHECK(EVP_DigestInit_ex2(ctx, Sha256Md(), nullptr) == 1);
     KVO_CHECK(EVP_DigestUpdate(ctx, buf.Data(), buf.Size()) == 1);
     KVO_CHECK(EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(out.data()), &len) == 1);
-    KVO_CHECK(len == kBlockDigestSize);
+    KVO_CHECK(len == kSha256DigestSize);
     return out;
   }
 
@@ -589,7 +598,7 @@ std::string_view BlockHasher::LastPreimage() const { return impl_->buf.View(); }
 
 std::string BlockHasher::HashString(std::string_view s) {
   impl_->buf.Clear();
-  if (algo_ == HashAlgo::kSha256) {
+  if (!UsesCbor(algo_)) {
     Pickler& p = impl_->pickler;
     p.Begin();
     p.SaveStr(s);
@@ -597,7 +606,7 @@ std::string BlockHasher::HashString(std::string_view s) {
   } else {
     impl_->cbor.Str(s);
   }
-  return impl_->Digest();
+  return impl_->Digest(algo_);
 }
 
 Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const int64_t> token_ids,
@@ -612,7 +621,7 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
     }
   }
   impl_->buf.Clear();
-  if (algo_ == HashAlgo::kSha256) {
+  if (!UsesCbor(algo_)) {
     Pickler& p = impl_->pickler;
     p.Begin();
     p.BeginTuple(3);
@@ -636,15 +645,16 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
       KVO_RETURN_IF_ERROR(CborValue(w, *extra_keys, 1));
     }
   }
-  return impl_->Digest();
+  return impl_->Digest(algo_);
 }
 
 // ---------------------------------------------------------------------------------------------
 Result<HashAlgo> ParseHashAlgo(std::string_view name) {
-  if (name == "sha256") return HashAlgo::kSha256;
-  if (name == "sha256_cbor") return HashAlgo::kSha256Cbor;
+  for (HashAlgo algo : kAllHashAlgos) {
+    if (name == HashAlgoName(algo)) return algo;
+  }
   return Status::InvalidArgument("unknown block hash algorithm '" + CutForMessage(name) +
-                                 "' (supported: sha256, sha256_cbor)");
+                                 "' (supported: sha256, sha256_cbor, xxhash, xxhash_cbor)");
 }
 
 const char* HashAlgoName(HashAlgo algo) {
@@ -653,8 +663,34 @@ const char* HashAlgoName(HashAlgo algo) {
       return "sha256";
     case HashAlgo::kSha256Cbor:
       return "sha256_cbor";
+    case HashAlgo::kXxhash:
+      return "xxhash";
+    case HashAlgo::kXxhashCbor:
+      return "xxhash_cbor";
   }
   return "unknown";
+}
+
+size_t DigestSize(HashAlgo algo) {
+  return IsCryptographic(algo) ? kSha256DigestSize : kXxh3DigestSize;
+}
+
+bool UsesCbor(HashAlgo algo) {
+  return algo == HashAlgo::kSha256Cbor || algo == HashAlgo::kXxhashCbor;
+}
+
+bool IsCryptographic(HashAlgo algo) {
+  return algo == HashAlgo::kSha256 || algo == HashAlgo::kSha256Cbor;
+}
+
+Result<std::string> ResolveNoneHashSeed(HashAlgo algo, const std::optional<std::string>& seed) {
+  if (seed) return *seed;
+  if (IsCryptographic(algo)) return std::string(kDefaultNoneHashSeed);
+  return Status::InvalidArgument(
+      std::string("the hash seed is required with ") + HashAlgoName(algo) +
+      ": vLLM has no default seed for the xxhash algorithms (an engine without PYTHONHASHSEED "
+      "hashes with a random seed per process, which nothing outside it can reproduce); set "
+      "PYTHONHASHSEED on the engine and give the same value here");
 }
 
 std::string NoneHash(HashAlgo algo, std::string_view seed) {
