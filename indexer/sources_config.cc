@@ -106,7 +106,8 @@ Result<HashParityConfig> ParseHashObject(std::string_view origin, const std::str
   }
   if (!seed_given) {
     auto seed = ResolveNoneHashSeed(h.algo, std::nullopt);
-    if (!seed.ok()) return Bad(origin, "'" + CutForMessage(prefix) + ".seed': " + seed.status().message());
+    if (!seed.ok())
+      return Bad(origin, "'" + CutForMessage(prefix) + ".seed': " + seed.status().message());
     h.seed = *seed;
   }
   return h;

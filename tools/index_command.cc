@@ -521,7 +521,8 @@ void AddIndexCommands(CLI::App& app) {
   doctor->add_option("--endpoint", doctor_args->endpoint, "a publisher's PUB endpoint");
   doctor->add_option("--replay", doctor_args->replay, "its replay endpoint (check what it has)");
   doctor->add_option("--topic", doctor_args->topic, "topic prefix filter");
-  doctor->add_option("--hash-algo", doctor_args->algo, "sha256 | sha256_cbor | xxhash | xxhash_cbor")
+  doctor
+      ->add_option("--hash-algo", doctor_args->algo, "sha256 | sha256_cbor | xxhash | xxhash_cbor")
       ->capture_default_str();
   doctor->add_option("--hash-seed", doctor_args->seed,
                      "the engine's PYTHONHASHSEED; unset: \"vllm-none-hash\" for sha256*, "

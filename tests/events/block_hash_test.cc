@@ -59,7 +59,8 @@ TEST(BlockHashTest, ParseHashAlgo) {
   EXPECT_EQ(DigestSize(HashAlgo::kSha256Cbor), 32u);
   EXPECT_EQ(DigestSize(HashAlgo::kXxhash), 16u);
   EXPECT_EQ(DigestSize(HashAlgo::kXxhashCbor), 16u);
-  for (const char* bad : {"", "SHA256", "xxh3", "xxhash128", "sha256-cbor", "md5", "sha256_msgpack"}) {
+  for (const char* bad :
+       {"", "SHA256", "xxh3", "xxhash128", "sha256-cbor", "md5", "sha256_msgpack"}) {
     auto r = ParseHashAlgo(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -96,12 +97,12 @@ TEST(BlockHashTest, NoneHashSeedRule) {
   EXPECT_EQ(Hex(NoneHash(HashAlgo::kSha256Cbor, kDefaultNoneHashSeed)),
             "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0");
   const std::vector<int64_t> b0 = {1, 2, 3, 4};
-  auto s = HashBlock(HashAlgo::kSha256, NoneHash(HashAlgo::kSha256, kDefaultNoneHashSeed), b0,
-                     nullptr);
+  auto s =
+      HashBlock(HashAlgo::kSha256, NoneHash(HashAlgo::kSha256, kDefaultNoneHashSeed), b0, nullptr);
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(WireHash(*s), 1882140585328457242ull);
-  auto c = HashBlock(HashAlgo::kSha256Cbor,
-                     NoneHash(HashAlgo::kSha256Cbor, kDefaultNoneHashSeed), b0, nullptr);
+  auto c = HashBlock(HashAlgo::kSha256Cbor, NoneHash(HashAlgo::kSha256Cbor, kDefaultNoneHashSeed),
+                     b0, nullptr);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(WireHash(*c), 9561501211280363793ull);
 }
@@ -123,7 +124,8 @@ TEST(BlockHashTest, XxhashVectors) {
   const Vec vecs[] = {
       {HashAlgo::kXxhash, "6fb31cc38bba6066183f7f2104b9c051", "f3856cedd7e636094750c4546e855397",
        5138823041740264343ull, "0c9832567b17003b126077f57e0bb670", 1324190186712315504ull,
-       "800595220000000000000043106fb31cc38bba6066183f7f2104b9c05194284b014b024b034b0474944e87942e"},
+       "800595220000000000000043106fb31cc38bba6066183f7f2104b9c05194284b014b024b034b0474944e87942"
+       "e"},
       {HashAlgo::kXxhashCbor, "1ebe36576dcb573f26b99533a20aaeca",
        "0a8577df5ee3430515a8cc1f6e3ac52e", 1560721706249274670ull,
        "d152782cb4d753bde718a811a3b75e23", 16652244415917022755ull,
@@ -490,11 +492,12 @@ std::vector<std::string> RunPython(const std::vector<Case>& cases, const std::st
     std::ifstream err(dir + "/stderr.txt");
     std::stringstream ss;
     ss << err.rdbuf();
-    ADD_FAILURE() << "the Python reference failed (exit " << (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1)
-                  << "): " << cmd << "\n"
-                  << ss.str()
-                  << "\nCI needs Debian's python3 with python3-cbor2 and python3-xxhash (apt install "
-                     "python3-cbor2 python3-xxhash).";
+    ADD_FAILURE()
+        << "the Python reference failed (exit " << (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1)
+        << "): " << cmd << "\n"
+        << ss.str()
+        << "\nCI needs Debian's python3 with python3-cbor2 and python3-xxhash (apt install "
+           "python3-cbor2 python3-xxhash).";
     return {};
   }
   std::vector<std::string> lines;
@@ -816,7 +819,8 @@ TEST(BlockHashTest, MatchesPythonReference) {
     }
     ADD_FAILURE() << "case " << i << (i < edge ? " (edge)" : " (random)")
                   << " algo=" << HashAlgoName(c.algo) << " block_size=" << c.block_size
-                  << " tokens=" << c.tokens.size() << " seed_len=" << (c.seed ? std::to_string(c.seed->size()) : std::string("unset"))
+                  << " tokens=" << c.tokens.size() << " seed_len="
+                  << (c.seed ? std::to_string(c.seed->size()) : std::string("unset"))
                   << " extra_keys=" << c.extra_keys.size() << "\n  " << where
                   << "\n  replay with KVO_TEST_SEED=" << seed;
   }

@@ -256,7 +256,8 @@ TEST(DoctorTest, FixedDefaultSeed) {
 // An older vLLM (before the fixed default) without PYTHONHASHSEED: a random NONE_HASH per process.
 // Configured without a seed (so kvo assumes "vllm-none-hash"), the doctor names the seed rule.
 TEST(DoctorTest, NamesSeedUnsetOnAnOlderVllm) {
-  const std::string random_seed = "9f2c4e0b7d1a3c5e8f6b2d4a0c9e7f1b3d5a7c9e1f3b5d7a9c2e4f6b8d0a2c4e";
+  const std::string random_seed =
+      "9f2c4e0b7d1a3c5e8f6b2d4a0c9e7f1b3d5a7c9e1f3b5d7a9c2e4f6b8d0a2c4e";
   const std::string def(kDefaultNoneHashSeed);
   for (HashAlgo algo : {HashAlgo::kSha256, HashAlgo::kSha256Cbor}) {
     SCOPED_TRACE(HashAlgoName(algo));
@@ -285,8 +286,7 @@ TEST(DoctorTest, NamesSeedUnsetOnAnOlderVllm) {
     ParityReport r = d.report();
     EXPECT_EQ(r.state, ParityState::kMismatch);
     EXPECT_EQ(r.cause, "seed");
-    EXPECT_NE(r.detail.find("seed unset on a vLLM older than the fixed default"),
-              std::string::npos)
+    EXPECT_NE(r.detail.find("seed unset on a vLLM older than the fixed default"), std::string::npos)
         << r.detail;
     EXPECT_NE(r.detail.find("only NONE_HASH differs"), std::string::npos) << r.detail;
     EXPECT_NE(r.detail.find("PYTHONHASHSEED"), std::string::npos) << r.detail;

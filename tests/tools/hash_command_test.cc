@@ -173,8 +173,8 @@ TEST(HashCommandTest, UnsetSeedIsVllmsFixedDefault) {
         {"--algo", w.algo, "--seed", "vllm-none-hash", "--block-size", "4", "--tokens", "1,2,3,4"},
         false);
     EXPECT_EQ(named.output, unset.output);
-    const RunResult zero =
-        RunKvo({"--algo", w.algo, "--seed", "0", "--block-size", "4", "--tokens", "1,2,3,4"}, false);
+    const RunResult zero = RunKvo(
+        {"--algo", w.algo, "--seed", "0", "--block-size", "4", "--tokens", "1,2,3,4"}, false);
     ASSERT_EQ(zero.exit_code, 0) << zero.output;
     EXPECT_NE(zero.output, unset.output);
   }
@@ -312,8 +312,8 @@ TEST(HashCommandTest, MatchesPythonReferenceForAllAlgorithms) {
     for (size_t t = 0; t < c.tokens.size(); ++t) {
       tokens += (t ? "," : "") + std::to_string(c.tokens[t]);
     }
-    std::vector<std::string> args = {"--algo", c.algo, "--block-size",
-                                     std::to_string(c.block_size), "--tokens", tokens};
+    std::vector<std::string> args = {
+        "--algo", c.algo, "--block-size", std::to_string(c.block_size), "--tokens", tokens};
     if (c.seed) args.insert(args.end(), {"--seed", *c.seed});
     if (!c.extra_keys.empty()) args.insert(args.end(), {"--extra-keys", c.extra_keys.dump()});
     const RunResult r = RunKvo(args, false);
