@@ -181,6 +181,20 @@ inline size_t EncodeInt(int64_t v, uint8_t* b) {
   return 2 + len;
 }
 
+// EncodeInt for a token id, branch-free for the usual 0 <= v <= INT32_MAX (BININT1/BININT2/BININT
+// are all the opcode then the little-endian low bytes of v; token ids mix 2- and 3-byte forms at
+// random, so a branch per token mispredicts). Needs kMaxIntSize writable bytes at `b`.
+inline uint8_t* EncodeToken(int64_t v, uint8_t* b) {
+  if (static_cast<uint64_t>(v) > static_cast<uint64_t>(INT32_MAX)) return b + EncodeInt(v, b);
+  static constexpr uint8_t kOp[3] = {op::kBinInt1, op::kBinInt2, op::kBinInt};
+  static constexpr uint8_t kLen[3] = {2, 3, 5};
+  const auto u = static_cast<uint32_t>(v);
+  const int cls = static_cast<int>(u > 0xFF) + static_cast<int>(u > 0xFFFF);
+  b[0] = kOp[cls];
+  PutLe32(b + 1, u);
+  return b + kLen[cls];
+}
+
 class Pickler {
  public:
   explicit Pickler(ByteBuffer* out) : out_(out) {}
@@ -274,7 +288,7 @@ class Pickler {
       const size_t start = out_->Size();
       uint8_t* const begin = out_->Extend(run * kMaxIntSize);
       uint8_t* p = begin;
-      for (size_t end = i + run; i < end; ++i) p += EncodeInt(tokens[i], p);
+      for (size_t end = i + run; i < end; ++i) p = EncodeToken(tokens[i], p);
       out_->Truncate(start + static_cast<size_t>(p - begin));
     }
     EndTuple(tokens.size());
@@ -388,6 +402,44 @@ class Pickler {
   std::vector<std::pair<int, uint32_t>> shared_;  // shared singleton key -> memo index
 };
 
+// The common block, (parent, tuple(tokens), None) with a 2..255-byte parent (a digest) and a
+// preimage well under 64 KiB, written in one pass: exactly the bytes the Pickler writes for it
+// (PROTO 5, one FRAME, SHORT_BINBYTES + MEMOIZE, the token tuple, NONE, TUPLE3 + MEMOIZE, STOP)
+// without its per-opcode bookkeeping.
+constexpr size_t kFastPickleMaxTokens = 6000;  // 6000 * 10 + 300 bytes < the 64 KiB frame target
+static_assert(kFastPickleMaxTokens * kMaxIntSize + 300 < kFrameSizeTarget);
+
+void FastPickleBlock(ByteBuffer* out, std::string_view parent, std::span<const int64_t> tokens) {
+  const size_t n = tokens.size();
+  uint8_t* const begin =
+      out->Extend(2 + kFrameHeaderSize + 2 + parent.size() + 2 + n * kMaxIntSize + 8);
+  uint8_t* p = begin;
+  *p++ = op::kProto;
+  *p++ = 5;
+  uint8_t* const frame = p;
+  p += kFrameHeaderSize;
+  *p++ = op::kShortBinBytes;
+  *p++ = static_cast<uint8_t>(parent.size());
+  std::memcpy(p, parent.data(), parent.size());
+  p += parent.size();
+  *p++ = op::kMemoize;
+  if (n > 3) *p++ = op::kMark;
+  for (int64_t t : tokens) p = EncodeToken(t, p);
+  if (n == 0) {
+    *p++ = op::kEmptyTuple;
+  } else {
+    *p++ = n <= 3 ? op::kTupleN[n] : op::kTuple;
+    *p++ = op::kMemoize;
+  }
+  *p++ = op::kNone;
+  *p++ = op::kTupleN[3];
+  *p++ = op::kMemoize;
+  *p++ = op::kStop;
+  frame[0] = op::kFrame;
+  PutLe64(frame + 1, static_cast<uint64_t>(p - frame) - kFrameHeaderSize);
+  out->Truncate(static_cast<size_t>(p - out->Data()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Canonical CBOR (cbor2.dumps(obj, canonical=True)) for the same objects.
 class CborWriter {
@@ -395,8 +447,12 @@ class CborWriter {
   explicit CborWriter(ByteBuffer* out) : out_(out) {}
 
   void Head(uint8_t major, uint64_t arg) {
-    const auto m = static_cast<uint8_t>(major << 5);
     uint8_t b[9];
+    out_->Append(b, HeadTo(b, major, arg));
+  }
+  // Writes a head (at most 9 bytes) at `b`; returns its length.
+  static size_t HeadTo(uint8_t* b, uint8_t major, uint64_t arg) {
+    const auto m = static_cast<uint8_t>(major << 5);
     size_t n;
     if (arg < 24) {
       b[0] = static_cast<uint8_t>(m | arg);
@@ -419,7 +475,7 @@ class CborWriter {
       for (int i = 0; i < 8; ++i) b[1 + i] = static_cast<uint8_t>(arg >> (8 * (7 - i)));
       n = 9;
     }
-    out_->Append(b, n);
+    return n;
   }
   void Int(int64_t v) {
     if (v >= 0) {
@@ -439,10 +495,33 @@ class CborWriter {
   }
   void Array(size_t n) { Head(4, n); }
   void Null() { out_->Push(0xF6); }
+  // Array(n) then Int(t) each; branch-free for 0 <= t <= UINT32_MAX (heads 1, 2, 3 or 5 bytes,
+  // the argument big-endian).
   void Tokens(std::span<const int64_t> tokens) {
-    out_->Reserve(out_->Size() + tokens.size() * 9 + 16);
     Array(tokens.size());
-    for (int64_t t : tokens) Int(t);
+    const size_t start = out_->Size();
+    uint8_t* const begin = out_->Extend(tokens.size() * 9);
+    uint8_t* p = begin;
+    static constexpr uint8_t kHead[4] = {0, 24, 25, 26};
+    static constexpr uint8_t kLen[4] = {0, 1, 2, 4};
+    for (int64_t t : tokens) {
+      if (static_cast<uint64_t>(t) > 0xFFFFFFFFu) {
+        p += t >= 0 ? HeadTo(p, 0, static_cast<uint64_t>(t))
+                    : HeadTo(p, 1, ~static_cast<uint64_t>(t));
+        continue;
+      }
+      const auto u = static_cast<uint32_t>(t);
+      const int cls =
+          static_cast<int>(u >= 24) + static_cast<int>(u > 0xFF) + static_cast<int>(u > 0xFFFF);
+      const uint64_t shifted = static_cast<uint64_t>(u) << (8 * (4 - kLen[cls]));
+      p[0] = cls == 0 ? static_cast<uint8_t>(u) : kHead[cls];
+      p[1] = static_cast<uint8_t>(shifted >> 24);
+      p[2] = static_cast<uint8_t>(shifted >> 16);
+      p[3] = static_cast<uint8_t>(shifted >> 8);
+      p[4] = static_cast<uint8_t>(shifted);
+      p += 1 + kLen[cls];
+    }
+    out_->Truncate(start + static_cast<size_t>(p - begin));
   }
 
  private:
@@ -621,7 +700,10 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
     }
   }
   impl_->buf.Clear();
-  if (!UsesCbor(algo_)) {
+  if (!UsesCbor(algo_) && extra == nullptr && parent.size() >= 2 && parent.size() <= 0xFF &&
+      token_ids.size() <= kFastPickleMaxTokens) {
+    FastPickleBlock(&impl_->buf, parent, token_ids);
+  } else if (!UsesCbor(algo_)) {
     Pickler& p = impl_->pickler;
     p.Begin();
     p.BeginTuple(3);
