@@ -355,7 +355,8 @@ void LagCase(const BenchOptions& o) {
 }
 
 // vLLM's chained block hashes over a 128 k-token prompt (8192 blocks of 16, token ids < 152 k as
-// in a Qwen/Llama vocabulary): xxhash (XXH3-128) against sha256 in the same run, pickle and CBOR.
+// in a Qwen/Llama vocabulary), as wire hashes (HashBlocksWire, what a token-id query needs):
+// xxhash (XXH3-128) against sha256 in the same run, pickle and CBOR.
 void HashChainCases(const BenchOptions& o) {
   constexpr size_t kBlockSize = 16;
   const size_t blocks = o.quick ? 512 : 8192;
@@ -374,7 +375,7 @@ void HashChainCases(const BenchOptions& o) {
     opts.block_size = kBlockSize;
     return MeasureRate(
         [&] {
-          auto h = HashBlocks(tokens, opts);
+          auto h = HashBlocksWire(tokens, opts);
           if (!h.ok() || h->size() != blocks) std::abort();
         },
         double(blocks), o.seconds_per_case);

@@ -647,20 +647,26 @@ struct BlockHasher::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  std::string Digest(HashAlgo algo) {
+  // The digest of the buffer into *out (reusing its capacity).
+  void Digest(HashAlgo algo, std::string* out) {
     if (!IsCryptographic(algo)) {
       // Python's xxhash.xxh3_128_digest: XXH3_128bits (seed 0) in canonical (big-endian) form.
       XXH128_canonical_t canon;
       XXH128_canonicalFromHash(&canon, XXH3_128bits(buf.Data(), buf.Size()));
       static_assert(sizeof(canon.digest) == kXxh3DigestSize);
-      return std::string(reinterpret_cast<const char*>(canon.digest), kXxh3DigestSize);
+      out->assign(reinterpret_cast<const char*>(canon.digest), kXxh3DigestSize);
+      return;
     }
-    std::string out(kSha256DigestSize, '\0');
+    out->resize(kSha256DigestSize);
     unsigned int len = 0;
     KVO_CHECK(EVP_DigestInit_ex2(ctx, Sha256Md(), nullptr) == 1);
     KVO_CHECK(EVP_DigestUpdate(ctx, buf.Data(), buf.Size()) == 1);
-    KVO_CHECK(EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(out.data()), &len) == 1);
+    KVO_CHECK(EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(out->data()), &len) == 1);
     KVO_CHECK(len == kSha256DigestSize);
+  }
+  std::string Digest(HashAlgo algo) {
+    std::string out;
+    Digest(algo, &out);
     return out;
   }
 
@@ -690,6 +696,13 @@ std::string BlockHasher::HashString(std::string_view s) {
 
 Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const int64_t> token_ids,
                                       const Value* extra_keys) {
+  std::string out;
+  KVO_RETURN_IF_ERROR(HashTo(parent, token_ids, extra_keys, &out));
+  return out;
+}
+
+Status BlockHasher::HashTo(std::string_view parent, std::span<const int64_t> token_ids,
+                           const Value* extra_keys, std::string* out) {
   if (extra_keys != nullptr && extra_keys->is_nil()) extra_keys = nullptr;
   const ValueArray* extra = nullptr;
   if (extra_keys != nullptr) {
@@ -727,7 +740,8 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
       KVO_RETURN_IF_ERROR(CborValue(w, *extra_keys, 1));
     }
   }
-  return impl_->Digest(algo_);
+  impl_->Digest(algo_, out);
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -803,6 +817,29 @@ Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
         hasher.Hash(parent, token_ids.subspan(i * options.block_size, options.block_size), extra);
     if (!digest.ok()) return digest.status().WithContext("block " + std::to_string(i));
     out.push_back(std::move(digest).value());
+  }
+  return out;
+}
+
+Result<std::vector<uint64_t>> HashBlocksWire(std::span<const int64_t> token_ids,
+                                             const BlockHashOptions& options) {
+  if (options.block_size == 0) return Status::InvalidArgument("block_size must be > 0, got 0");
+  if (options.none_hash.empty()) {
+    return Status::InvalidArgument("none_hash is empty (compute it with NoneHash(algo, seed))");
+  }
+  const size_t num_blocks = token_ids.size() / options.block_size;
+  std::vector<uint64_t> out;
+  out.reserve(num_blocks);
+  BlockHasher hasher(options.algo);
+  std::string parent = options.none_hash;
+  std::string digest;
+  for (size_t i = 0; i < num_blocks; ++i) {
+    const Value* extra = i < options.extra_keys.size() ? &options.extra_keys[i] : nullptr;
+    Status s = hasher.HashTo(parent, token_ids.subspan(i * options.block_size, options.block_size),
+                             extra, &digest);
+    if (!s.ok()) return s.WithContext("block " + std::to_string(i));
+    out.push_back(WireHash(digest));
+    parent.swap(digest);
   }
   return out;
 }

@@ -90,6 +90,10 @@ class BlockHasher {
   Result<std::string> Hash(std::string_view parent, std::span<const int64_t> token_ids,
                            const Value* extra_keys);
 
+  // Hash() into *out, reusing its capacity (no allocation per block once it holds a digest).
+  Status HashTo(std::string_view parent, std::span<const int64_t> token_ids,
+                const Value* extra_keys, std::string* out);
+
   // The encoded preimage of the last Hash() or HashString() call (for tests and diagnostics).
   std::string_view LastPreimage() const;
 
@@ -119,6 +123,11 @@ struct BlockHashOptions {
 // is InvalidArgument.
 Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
                                             const BlockHashOptions& options);
+
+// HashBlocks' chain as wire hashes (WireHash of each digest), without keeping the digests: what a
+// router or the indexer needs for a prompt. Same errors as HashBlocks.
+Result<std::vector<uint64_t>> HashBlocksWire(std::span<const int64_t> token_ids,
+                                             const BlockHashOptions& options);
 
 // Ok when `extra_keys` is nil or a tuple that HashBlock can hash (str, int, bytes, nested tuples);
 // else InvalidArgument naming the offending value.

@@ -211,6 +211,31 @@ TEST(BlockHashTest, HashBlocksChainsFullBlocksOnly) {
   }
 }
 
+TEST(BlockHashTest, HashBlocksWireEqualsTheDigestChain) {
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 16 * 40 + 5; ++i) tokens.push_back((i * 7919) % 152000 - (i % 5 == 0));
+  tokens[3] = std::numeric_limits<int64_t>::max();  // the slow paths too
+  tokens[20] = int64_t{1} << 33;
+  for (HashAlgo algo : kAllHashAlgos) {
+    BlockHashOptions options;
+    options.algo = algo;
+    options.none_hash = NoneHash(algo, "7");
+    options.block_size = 16;
+    options.extra_keys = {Value{}, Tuple({Str("lora")})};
+    auto digests = HashBlocks(tokens, options);
+    auto wire = HashBlocksWire(tokens, options);
+    ASSERT_TRUE(digests.ok() && wire.ok()) << HashAlgoName(algo);
+    ASSERT_EQ(wire->size(), 40u);
+    ASSERT_EQ(digests->size(), 40u);
+    for (size_t i = 0; i < 40; ++i) {
+      EXPECT_EQ((*wire)[i], WireHash((*digests)[i])) << HashAlgoName(algo) << " block " << i;
+      EXPECT_EQ((*digests)[i].size(), DigestSize(algo));
+    }
+    options.block_size = 0;
+    EXPECT_FALSE(HashBlocksWire(tokens, options).ok());
+  }
+}
+
 TEST(BlockHashTest, HashBlocksRejectsBadOptions) {
   BlockHashOptions options;
   options.none_hash = NoneHash(HashAlgo::kSha256, "0");
