@@ -9,7 +9,8 @@
 //     (header and data) outside any frame.
 //   * memo: str, bytes and non-empty tuples get MEMOIZE; a repeated object is BINGET/LONG_BINGET;
 //     ints, None and () are never memoized.
-// Everything is written into one reused buffer, then hashed with OpenSSL's SHA-256.
+// Everything is written into one reused buffer, then hashed with OpenSSL's SHA-256 or
+// libxxhash's XXH3-128 (seed 0, canonical big-endian digest as Python's xxh3_128_digest).
 #include "events/block_hash.h"
 
 #include <openssl/evp.h>
@@ -24,6 +25,7 @@
 
 #include "common/check.h"
 #include "common/json.h"
+#include "xxhash.h"
 
 namespace kvo {
 namespace {
@@ -179,6 +181,20 @@ inline size_t EncodeInt(int64_t v, uint8_t* b) {
   return 2 + len;
 }
 
+// EncodeInt for a token id, branch-free for the usual 0 <= v <= INT32_MAX (BININT1/BININT2/BININT
+// are all the opcode then the little-endian low bytes of v; token ids mix 2- and 3-byte forms at
+// random, so a branch per token mispredicts). Needs kMaxIntSize writable bytes at `b`.
+inline uint8_t* EncodeToken(int64_t v, uint8_t* b) {
+  if (static_cast<uint64_t>(v) > static_cast<uint64_t>(INT32_MAX)) return b + EncodeInt(v, b);
+  static constexpr uint8_t kOp[3] = {op::kBinInt1, op::kBinInt2, op::kBinInt};
+  static constexpr uint8_t kLen[3] = {2, 3, 5};
+  const auto u = static_cast<uint32_t>(v);
+  const int cls = static_cast<int>(u > 0xFF) + static_cast<int>(u > 0xFFFF);
+  b[0] = kOp[cls];
+  PutLe32(b + 1, u);
+  return b + kLen[cls];
+}
+
 class Pickler {
  public:
   explicit Pickler(ByteBuffer* out) : out_(out) {}
@@ -272,7 +288,7 @@ class Pickler {
       const size_t start = out_->Size();
       uint8_t* const begin = out_->Extend(run * kMaxIntSize);
       uint8_t* p = begin;
-      for (size_t end = i + run; i < end; ++i) p += EncodeInt(tokens[i], p);
+      for (size_t end = i + run; i < end; ++i) p = EncodeToken(tokens[i], p);
       out_->Truncate(start + static_cast<size_t>(p - begin));
     }
     EndTuple(tokens.size());
@@ -386,6 +402,44 @@ class Pickler {
   std::vector<std::pair<int, uint32_t>> shared_;  // shared singleton key -> memo index
 };
 
+// The common block, (parent, tuple(tokens), None) with a 2..255-byte parent (a digest) and a
+// preimage well under 64 KiB, written in one pass: exactly the bytes the Pickler writes for it
+// (PROTO 5, one FRAME, SHORT_BINBYTES + MEMOIZE, the token tuple, NONE, TUPLE3 + MEMOIZE, STOP)
+// without its per-opcode bookkeeping.
+constexpr size_t kFastPickleMaxTokens = 6000;  // 6000 * 10 + 300 bytes < the 64 KiB frame target
+static_assert(kFastPickleMaxTokens * kMaxIntSize + 300 < kFrameSizeTarget);
+
+void FastPickleBlock(ByteBuffer* out, std::string_view parent, std::span<const int64_t> tokens) {
+  const size_t n = tokens.size();
+  uint8_t* const begin =
+      out->Extend(2 + kFrameHeaderSize + 2 + parent.size() + 2 + n * kMaxIntSize + 8);
+  uint8_t* p = begin;
+  *p++ = op::kProto;
+  *p++ = 5;
+  uint8_t* const frame = p;
+  p += kFrameHeaderSize;
+  *p++ = op::kShortBinBytes;
+  *p++ = static_cast<uint8_t>(parent.size());
+  std::memcpy(p, parent.data(), parent.size());
+  p += parent.size();
+  *p++ = op::kMemoize;
+  if (n > 3) *p++ = op::kMark;
+  for (int64_t t : tokens) p = EncodeToken(t, p);
+  if (n == 0) {
+    *p++ = op::kEmptyTuple;
+  } else {
+    *p++ = n <= 3 ? op::kTupleN[n] : op::kTuple;
+    *p++ = op::kMemoize;
+  }
+  *p++ = op::kNone;
+  *p++ = op::kTupleN[3];
+  *p++ = op::kMemoize;
+  *p++ = op::kStop;
+  frame[0] = op::kFrame;
+  PutLe64(frame + 1, static_cast<uint64_t>(p - frame) - kFrameHeaderSize);
+  out->Truncate(static_cast<size_t>(p - out->Data()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Canonical CBOR (cbor2.dumps(obj, canonical=True)) for the same objects.
 class CborWriter {
@@ -393,8 +447,12 @@ class CborWriter {
   explicit CborWriter(ByteBuffer* out) : out_(out) {}
 
   void Head(uint8_t major, uint64_t arg) {
-    const auto m = static_cast<uint8_t>(major << 5);
     uint8_t b[9];
+    out_->Append(b, HeadTo(b, major, arg));
+  }
+  // Writes a head (at most 9 bytes) at `b`; returns its length.
+  static size_t HeadTo(uint8_t* b, uint8_t major, uint64_t arg) {
+    const auto m = static_cast<uint8_t>(major << 5);
     size_t n;
     if (arg < 24) {
       b[0] = static_cast<uint8_t>(m | arg);
@@ -417,7 +475,7 @@ class CborWriter {
       for (int i = 0; i < 8; ++i) b[1 + i] = static_cast<uint8_t>(arg >> (8 * (7 - i)));
       n = 9;
     }
-    out_->Append(b, n);
+    return n;
   }
   void Int(int64_t v) {
     if (v >= 0) {
@@ -437,10 +495,33 @@ class CborWriter {
   }
   void Array(size_t n) { Head(4, n); }
   void Null() { out_->Push(0xF6); }
+  // Array(n) then Int(t) each; branch-free for 0 <= t <= UINT32_MAX (heads 1, 2, 3 or 5 bytes,
+  // the argument big-endian).
   void Tokens(std::span<const int64_t> tokens) {
-    out_->Reserve(out_->Size() + tokens.size() * 9 + 16);
     Array(tokens.size());
-    for (int64_t t : tokens) Int(t);
+    const size_t start = out_->Size();
+    uint8_t* const begin = out_->Extend(tokens.size() * 9);
+    uint8_t* p = begin;
+    static constexpr uint8_t kHead[4] = {0, 24, 25, 26};
+    static constexpr uint8_t kLen[4] = {0, 1, 2, 4};
+    for (int64_t t : tokens) {
+      if (static_cast<uint64_t>(t) > 0xFFFFFFFFu) {
+        p += t >= 0 ? HeadTo(p, 0, static_cast<uint64_t>(t))
+                    : HeadTo(p, 1, ~static_cast<uint64_t>(t));
+        continue;
+      }
+      const auto u = static_cast<uint32_t>(t);
+      const int cls =
+          static_cast<int>(u >= 24) + static_cast<int>(u > 0xFF) + static_cast<int>(u > 0xFFFF);
+      const uint64_t shifted = static_cast<uint64_t>(u) << (8 * (4 - kLen[cls]));
+      p[0] = cls == 0 ? static_cast<uint8_t>(u) : kHead[cls];
+      p[1] = static_cast<uint8_t>(shifted >> 24);
+      p[2] = static_cast<uint8_t>(shifted >> 16);
+      p[3] = static_cast<uint8_t>(shifted >> 8);
+      p[4] = static_cast<uint8_t>(shifted);
+      p += 1 + kLen[cls];
+    }
+    out_->Truncate(start + static_cast<size_t>(p - begin));
   }
 
  private:
@@ -566,13 +647,26 @@ struct BlockHasher::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
-  std::string Digest() {
-    std::string out(kBlockDigestSize, '\0');
+  // The digest of the buffer into *out (reusing its capacity).
+  void Digest(HashAlgo algo, std::string* out) {
+    if (!IsCryptographic(algo)) {
+      // Python's xxhash.xxh3_128_digest: XXH3_128bits (seed 0) in canonical (big-endian) form.
+      XXH128_canonical_t canon;
+      XXH128_canonicalFromHash(&canon, XXH3_128bits(buf.Data(), buf.Size()));
+      static_assert(sizeof(canon.digest) == kXxh3DigestSize);
+      out->assign(reinterpret_cast<const char*>(canon.digest), kXxh3DigestSize);
+      return;
+    }
+    out->resize(kSha256DigestSize);
     unsigned int len = 0;
     KVO_CHECK(EVP_DigestInit_ex2(ctx, Sha256Md(), nullptr) == 1);
     KVO_CHECK(EVP_DigestUpdate(ctx, buf.Data(), buf.Size()) == 1);
-    KVO_CHECK(EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(out.data()), &len) == 1);
-    KVO_CHECK(len == kBlockDigestSize);
+    KVO_CHECK(EVP_DigestFinal_ex(ctx, reinterpret_cast<unsigned char*>(out->data()), &len) == 1);
+    KVO_CHECK(len == kSha256DigestSize);
+  }
+  std::string Digest(HashAlgo algo) {
+    std::string out;
+    Digest(algo, &out);
     return out;
   }
 
@@ -589,7 +683,7 @@ std::string_view BlockHasher::LastPreimage() const { return impl_->buf.View(); }
 
 std::string BlockHasher::HashString(std::string_view s) {
   impl_->buf.Clear();
-  if (algo_ == HashAlgo::kSha256) {
+  if (!UsesCbor(algo_)) {
     Pickler& p = impl_->pickler;
     p.Begin();
     p.SaveStr(s);
@@ -597,11 +691,18 @@ std::string BlockHasher::HashString(std::string_view s) {
   } else {
     impl_->cbor.Str(s);
   }
-  return impl_->Digest();
+  return impl_->Digest(algo_);
 }
 
 Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const int64_t> token_ids,
                                       const Value* extra_keys) {
+  std::string out;
+  KVO_RETURN_IF_ERROR(HashTo(parent, token_ids, extra_keys, &out));
+  return out;
+}
+
+Status BlockHasher::HashTo(std::string_view parent, std::span<const int64_t> token_ids,
+                           const Value* extra_keys, std::string* out) {
   if (extra_keys != nullptr && extra_keys->is_nil()) extra_keys = nullptr;
   const ValueArray* extra = nullptr;
   if (extra_keys != nullptr) {
@@ -612,7 +713,10 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
     }
   }
   impl_->buf.Clear();
-  if (algo_ == HashAlgo::kSha256) {
+  if (!UsesCbor(algo_) && extra == nullptr && parent.size() >= 2 && parent.size() <= 0xFF &&
+      token_ids.size() <= kFastPickleMaxTokens) {
+    FastPickleBlock(&impl_->buf, parent, token_ids);
+  } else if (!UsesCbor(algo_)) {
     Pickler& p = impl_->pickler;
     p.Begin();
     p.BeginTuple(3);
@@ -636,15 +740,17 @@ Result<std::string> BlockHasher::Hash(std::string_view parent, std::span<const i
       KVO_RETURN_IF_ERROR(CborValue(w, *extra_keys, 1));
     }
   }
-  return impl_->Digest();
+  impl_->Digest(algo_, out);
+  return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
 Result<HashAlgo> ParseHashAlgo(std::string_view name) {
-  if (name == "sha256") return HashAlgo::kSha256;
-  if (name == "sha256_cbor") return HashAlgo::kSha256Cbor;
+  for (HashAlgo algo : kAllHashAlgos) {
+    if (name == HashAlgoName(algo)) return algo;
+  }
   return Status::InvalidArgument("unknown block hash algorithm '" + CutForMessage(name) +
-                                 "' (supported: sha256, sha256_cbor)");
+                                 "' (supported: sha256, sha256_cbor, xxhash, xxhash_cbor)");
 }
 
 const char* HashAlgoName(HashAlgo algo) {
@@ -653,8 +759,34 @@ const char* HashAlgoName(HashAlgo algo) {
       return "sha256";
     case HashAlgo::kSha256Cbor:
       return "sha256_cbor";
+    case HashAlgo::kXxhash:
+      return "xxhash";
+    case HashAlgo::kXxhashCbor:
+      return "xxhash_cbor";
   }
   return "unknown";
+}
+
+size_t DigestSize(HashAlgo algo) {
+  return IsCryptographic(algo) ? kSha256DigestSize : kXxh3DigestSize;
+}
+
+bool UsesCbor(HashAlgo algo) {
+  return algo == HashAlgo::kSha256Cbor || algo == HashAlgo::kXxhashCbor;
+}
+
+bool IsCryptographic(HashAlgo algo) {
+  return algo == HashAlgo::kSha256 || algo == HashAlgo::kSha256Cbor;
+}
+
+Result<std::string> ResolveNoneHashSeed(HashAlgo algo, const std::optional<std::string>& seed) {
+  if (seed) return *seed;
+  if (IsCryptographic(algo)) return std::string(kDefaultNoneHashSeed);
+  return Status::InvalidArgument(
+      std::string("the hash seed is required with ") + HashAlgoName(algo) +
+      ": vLLM has no default seed for the xxhash algorithms (an engine without PYTHONHASHSEED "
+      "hashes with a random seed per process, which nothing outside it can reproduce); set "
+      "PYTHONHASHSEED on the engine and give the same value here");
 }
 
 std::string NoneHash(HashAlgo algo, std::string_view seed) {
@@ -685,6 +817,29 @@ Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
         hasher.Hash(parent, token_ids.subspan(i * options.block_size, options.block_size), extra);
     if (!digest.ok()) return digest.status().WithContext("block " + std::to_string(i));
     out.push_back(std::move(digest).value());
+  }
+  return out;
+}
+
+Result<std::vector<uint64_t>> HashBlocksWire(std::span<const int64_t> token_ids,
+                                             const BlockHashOptions& options) {
+  if (options.block_size == 0) return Status::InvalidArgument("block_size must be > 0, got 0");
+  if (options.none_hash.empty()) {
+    return Status::InvalidArgument("none_hash is empty (compute it with NoneHash(algo, seed))");
+  }
+  const size_t num_blocks = token_ids.size() / options.block_size;
+  std::vector<uint64_t> out;
+  out.reserve(num_blocks);
+  BlockHasher hasher(options.algo);
+  std::string parent = options.none_hash;
+  std::string digest;
+  for (size_t i = 0; i < num_blocks; ++i) {
+    const Value* extra = i < options.extra_keys.size() ? &options.extra_keys[i] : nullptr;
+    Status s = hasher.HashTo(parent, token_ids.subspan(i * options.block_size, options.block_size),
+                             extra, &digest);
+    if (!s.ok()) return s.WithContext("block " + std::to_string(i));
+    out.push_back(WireHash(digest));
+    parent.swap(digest);
   }
   return out;
 }

@@ -52,8 +52,9 @@ HashParityDoctor::HashParityDoctor(std::string source, std::optional<HashParityC
   MutexLock lock(&mu_);
   report_.state = config_ ? ParityState::kPending : ParityState::kUnconfigured;
   if (config_) none_hash_ = NoneHash(config_->algo, config_->seed);
-  hasher_sha256_ = std::make_unique<BlockHasher>(HashAlgo::kSha256);
-  hasher_cbor_ = std::make_unique<BlockHasher>(HashAlgo::kSha256Cbor);
+  for (HashAlgo algo : kAllHashAlgos) {
+    hashers_[static_cast<size_t>(algo)] = std::make_unique<BlockHasher>(algo);
+  }
 }
 
 HashParityDoctor::~HashParityDoctor() = default;
@@ -97,7 +98,7 @@ std::optional<size_t> HashParityDoctor::CountMatches(const BlockStored& stored, 
   for (const BlockHash& h : stored.block_hashes) {
     if (h.kind == BlockHash::Kind::kInt) return std::nullopt;  // Python's builtin hash()
   }
-  BlockHasher* hasher = algo == HashAlgo::kSha256 ? hasher_sha256_.get() : hasher_cbor_.get();
+  BlockHasher* hasher = hashers_[static_cast<size_t>(algo)].get();
   // vLLM's offload events (CPU, STORAGE; B.9) carry the request's lora_name but never extra_keys,
   // although the engine hashed every block with (lora_name,) first in its extra keys (A.7): such
   // an event means those extra keys. (GPU events always carry extra_keys, one per hash.)
@@ -173,6 +174,7 @@ void HashParityDoctor::CheckStored(const BlockStored& stored) {
   if (checked_metric_ != nullptr) checked_metric_->Increment(static_cast<double>(n));
   if (matched == n) {
     Remember(stored, digests);
+    if (stored.parent_block_hash) ++chained_matched_events_;
     if (report_.state == ParityState::kPending) report_.state = ParityState::kOk;
     return;
   }
@@ -231,6 +233,7 @@ void HashParityDoctor::Diagnose(const BlockStored& stored) {
   }
 
   std::vector<std::string> seeds = {cfg.seed};
+  if (cfg.seed != kDefaultNoneHashSeed) seeds.emplace_back(kDefaultNoneHashSeed);
   for (int s = 0; s <= options_.max_seed_tried; ++s) seeds.push_back(std::to_string(s));
   for (const char* s : {"42", "1234", "12345", "2024", "2025", "2026", "31337"}) {
     seeds.push_back(s);
@@ -241,10 +244,14 @@ void HashParityDoctor::Diagnose(const BlockStored& stored) {
       stored.block_size != per_hash) {
     sizes.push_back(stored.block_size);
   }
-  const HashAlgo other = cfg.algo == HashAlgo::kSha256 ? HashAlgo::kSha256Cbor : HashAlgo::kSha256;
+  // The configured algorithm first, then the other three.
+  std::vector<HashAlgo> algos = {cfg.algo};
+  for (HashAlgo a : kAllHashAlgos) {
+    if (a != cfg.algo) algos.push_back(a);
+  }
   for (int mode : {kExtraAsEvent, kExtraNone, kExtraLora}) {
     for (int64_t size : sizes) {
-      for (HashAlgo algo : {cfg.algo, other}) {
+      for (HashAlgo algo : algos) {
         for (size_t si = 0; si < seeds.size(); ++si) {
           if (si > 0 && seeds[si] == cfg.seed) continue;
           std::string none_hash = NoneHash(algo, seeds[si]);
@@ -263,8 +270,15 @@ void HashParityDoctor::Diagnose(const BlockStored& stored) {
           }
           if (seeds[si] != cfg.seed) {
             causes.push_back("seed");
-            fixes.push_back("the engine's PYTHONHASHSEED is '" + seeds[si] + "', configured '" +
-                            cfg.seed + "'");
+            if (seeds[si] == kDefaultNoneHashSeed) {
+              fixes.push_back(
+                  "the engine uses vLLM's fixed default seed 'vllm-none-hash' (PYTHONHASHSEED "
+                  "unset on a vLLM with the fixed default), configured '" +
+                  cfg.seed + "': leave the seed out (or set it to vllm-none-hash)");
+            } else {
+              fixes.push_back("the engine's PYTHONHASHSEED is '" + seeds[si] + "', configured '" +
+                              cfg.seed + "'");
+            }
           }
           if (size != cfg.block_size) {
             causes.push_back("block_size");
@@ -289,12 +303,35 @@ void HashParityDoctor::Diagnose(const BlockStored& stored) {
       }
     }
   }
+  const std::string tried =
+      "no alternative reproduces the engine's hash (algorithms sha256, sha256_cbor, xxhash and "
+      "xxhash_cbor, seeds vllm-none-hash, 0-" +
+      std::to_string(options_.max_seed_tried) +
+      " and common ones, the event's block size, extra keys with and without LoRA)";
+  const std::string chained =
+      chained_matched_events_ > 0
+          ? "; " + std::to_string(chained_matched_events_) +
+                " events chained from a parent hash matched, so only NONE_HASH differs"
+          : std::string();
+  // The configured seed is vLLM's fixed default (no seed given) and the first block of a prefix
+  // cannot be reproduced with any seed: the engine's NONE_HASH is random, which is what a vLLM
+  // from before the fixed default (#51875) does when PYTHONHASHSEED is unset.
+  if (!stored.parent_block_hash && IsCryptographic(cfg.algo) && cfg.seed == kDefaultNoneHashSeed) {
+    report_.cause = "seed";
+    report_.detail =
+        "seed unset on a vLLM older than the fixed default: before vLLM #51875 an engine without "
+        "PYTHONHASHSEED hashed with a random NONE_HASH, and kvo assumes the fixed "
+        "'vllm-none-hash' when no seed is given (" +
+        tried + chained +
+        ") — set PYTHONHASHSEED on the engine and give the same hash seed here, or upgrade vLLM";
+    return;
+  }
   report_.cause = "unknown";
   report_.detail =
-      "no alternative reproduces the engine's hash (algorithms sha256 and sha256_cbor, seeds 0-" +
-      std::to_string(options_.max_seed_tried) +
-      " and common ones, the event's block size, extra keys with and without LoRA): an engine "
-      "without PYTHONHASHSEED uses a random NONE_HASH — set PYTHONHASHSEED on the engine";
+      tried + chained +
+      ": an engine without PYTHONHASHSEED hashes with a random NONE_HASH (every algorithm on a "
+      "vLLM older than the fixed default, the xxhash ones always) — set PYTHONHASHSEED on the "
+      "engine and give the same hash seed here";
 }
 
 ParityReport HashParityDoctor::report() const {

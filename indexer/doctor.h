@@ -5,14 +5,19 @@
 // the wire (low 64 bits, or the raw digest when the engine sends bytes).
 //
 // A mismatch is loud: logged as an error (rate-limited), counted, and diagnosed by trying the
-// alternatives — the other algorithm, other seeds, the block size the event implies, the extra
-// keys with and without LoRA — and naming the likely cause: "algorithm", "seed", "block_size",
-// "extra_keys" (or "unknown": e.g. an engine without PYTHONHASHSEED has a random NONE_HASH).
+// alternatives — the other three algorithms (sha256, sha256_cbor, xxhash, xxhash_cbor), other
+// seeds (vLLM's fixed default "vllm-none-hash" among them), the block size the event implies, the
+// extra keys with and without LoRA — and naming the likely cause: "algorithm", "seed",
+// "block_size", "extra_keys". When nothing reproduces the first block of a prefix and the source
+// is configured with vLLM's default seed (no seed given, a sha256 variant), the cause is "seed":
+// "seed unset on a vLLM older than the fixed default" (before #51875 an engine without
+// PYTHONHASHSEED hashed with a random NONE_HASH). Otherwise "unknown".
 //
 // Thread-safe: Check() may be called from every stream thread of a source; report() from any.
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -102,8 +107,9 @@ class HashParityDoctor {
   uint64_t events_seen_ GUARDED_BY(mu_) = 0;
   std::string none_hash_ GUARDED_BY(mu_);                              // configured NONE_HASH
   std::unordered_map<uint64_t, std::string> digests_ GUARDED_BY(mu_);  // wire hash -> digest
-  std::unique_ptr<BlockHasher> hasher_sha256_ GUARDED_BY(mu_);
-  std::unique_ptr<BlockHasher> hasher_cbor_ GUARDED_BY(mu_);
+  std::unique_ptr<BlockHasher> hashers_[std::size(kAllHashAlgos)] GUARDED_BY(mu_);  // by algo
+  // Events with a parent hash whose every block matched: the chain agrees past NONE_HASH.
+  uint64_t chained_matched_events_ GUARDED_BY(mu_) = 0;
   Counter* checked_metric_ = nullptr;
   Counter* mismatched_metric_ = nullptr;
   Gauge* state_metric_ = nullptr;

@@ -79,6 +79,7 @@ Result<HashParityConfig> ParseHashObject(std::string_view origin, const std::str
                                          const json& v) {
   if (!v.is_object()) return WrongType(origin, prefix, v, "an object");
   HashParityConfig h;
+  bool seed_given = false;
   for (const auto& [key, value] : v.items()) {
     std::string full = prefix + "." + key;
     if (key == "algo") {
@@ -89,6 +90,7 @@ Result<HashParityConfig> ParseHashObject(std::string_view origin, const std::str
         return Bad(origin, "'" + CutForMessage(full) + "': " + algo.status().message());
       h.algo = *algo;
     } else if (key == "seed") {
+      seed_given = true;
       // PYTHONHASHSEED is a string; accept an integer for convenience.
       if (value.is_number_integer()) {
         h.seed = value.dump();
@@ -101,6 +103,12 @@ Result<HashParityConfig> ParseHashObject(std::string_view origin, const std::str
       return Bad(origin,
                  "unknown key '" + CutForMessage(full) + "' (expected algo, seed, block_size)");
     }
+  }
+  if (!seed_given) {
+    auto seed = ResolveNoneHashSeed(h.algo, std::nullopt);
+    if (!seed.ok())
+      return Bad(origin, "'" + CutForMessage(prefix) + ".seed': " + seed.status().message());
+    h.seed = *seed;
   }
   return h;
 }
@@ -283,6 +291,7 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
   size_t comma = rest.find(',');
   s.endpoint = std::string(rest.substr(0, comma));
   std::optional<HashParityConfig> hash;
+  bool seed_given = false;
   while (comma != std::string_view::npos) {
     rest = rest.substr(comma + 1);
     comma = rest.find(',');
@@ -315,6 +324,7 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
     } else if (key == "hash_seed") {
       if (!hash) hash.emplace();
       hash->seed = std::string(value);
+      seed_given = true;
     } else if (key == "block_size") {
       auto v = ParseIntText(key, value, 1, kMaxBlockSize);
       if (!v.ok()) return bad(v.status().message());
@@ -325,6 +335,11 @@ Result<SourceConfig> ParseSourceFlag(std::string_view flag) {
                  "' (expected replay, topic, dp_ranks, dp_rank_start, bind, hash_algo, hash_seed, "
                  "block_size)");
     }
+  }
+  if (hash && !seed_given) {
+    auto seed = ResolveNoneHashSeed(hash->algo, std::nullopt);
+    if (!seed.ok()) return bad("hash_seed: " + seed.status().message());
+    hash->seed = *seed;
   }
   s.hash = hash;
   Status st = ValidateSource(s);

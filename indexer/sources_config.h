@@ -24,7 +24,10 @@ namespace kvo {
 // and the hash block size. The doctor recomputes self-describing events' hashes with these.
 struct HashParityConfig {
   HashAlgo algo = HashAlgo::kSha256;
-  std::string seed = "0";  // PYTHONHASHSEED (a string: NONE_HASH = hash_fn(seed))
+  // PYTHONHASHSEED (a string: NONE_HASH = hash_fn(seed)). The parsers resolve a seed left out with
+  // current vLLM's rule (ResolveNoneHashSeed): "vllm-none-hash" for the sha256 variants, an error
+  // for the xxhash variants (their engines' seed must be given).
+  std::string seed = std::string(kDefaultNoneHashSeed);
   int64_t block_size = 16;
 };
 
@@ -70,8 +73,9 @@ struct IndexerConfig {
 Result<IndexerConfig> ParseIndexerConfig(std::string_view json_text, std::string_view origin);
 
 // Parses one `--source` flag: NAME=ENDPOINT[,replay=EP][,topic=T][,dp_ranks=N][,dp_rank_start=K]
-// [,bind=true|false][,hash_algo=sha256|sha256_cbor][,hash_seed=S][,block_size=B]. Any hash_* or
-// block_size key enables the parity doctor for that source (defaults: sha256, seed "0", 16).
+// [,bind=true|false][,hash_algo=sha256|sha256_cbor|xxhash|xxhash_cbor][,hash_seed=S]
+// [,block_size=B]. Any hash_* or block_size key enables the parity doctor for that source
+// (defaults: sha256, vLLM's seed rule, 16).
 Result<SourceConfig> ParseSourceFlag(std::string_view flag);
 
 // Checks one source: name, endpoints (tcp://, ipc://, inproc://), rank counts, DP offsets.

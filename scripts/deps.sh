@@ -11,7 +11,7 @@ PACKAGES=(
   nlohmann-json3-dev libssl-dev libsqlite3-dev libxxhash-dev libgtest-dev libgmock-dev
   libcpp-httplib-dev
   # Python references used by tests and benchmark baselines (Debian's /usr/bin/python3)
-  python3 python3-msgpack python3-cbor2 python3-zmq
+  python3 python3-msgpack python3-cbor2 python3-xxhash python3-zmq
   # the Python package (python/): extension build and its pytest tests
   python3-dev pybind11-dev python3-numpy python3-pytest
 )

@@ -1,8 +1,11 @@
 // kvo hash: vLLM's chained block hashes of a token sequence (vllm-compat.md A.7), so a router or
 // an operator can check what an engine will publish for a prompt.
 //
-//   kvo hash --algo sha256|sha256_cbor --seed S --block-size B --tokens 1,2,3...
-//            [--extra-keys JSON] [--json]
+//   kvo hash [--algo sha256|sha256_cbor|xxhash|xxhash_cbor] [--seed S] --block-size B
+//            --tokens 1,2,3... [--extra-keys JSON] [--json]
+//
+// --seed is the engines' PYTHONHASHSEED. Without it, current vLLM's rule: "vllm-none-hash" for the
+// sha256 variants; the xxhash variants have no default (the engine's seed must be given).
 //
 // Text output: "# none_hash <hex>", then "<block> <hex digest> <u64 wire hash>" per full block.
 // --json: one {"block","hash","wire_hash","parent"} object per full block and line.
@@ -11,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -84,16 +88,15 @@ Result<std::vector<int64_t>> ParseTokens(std::string_view text) {
 
 Status RunHash(const HashArgs& args, bool have_seed, bool have_tokens) {
   KVO_ASSIGN_OR_RETURN(HashAlgo algo, ParseHashAlgo(args.algo));
-  if (!have_seed) {
-    return Status::InvalidArgument("--seed is required: the engines' PYTHONHASHSEED, e.g. 0");
-  }
+  auto seed = ResolveNoneHashSeed(algo, have_seed ? std::optional(args.seed) : std::nullopt);
+  if (!seed.ok()) return Status::InvalidArgument("--seed: " + seed.status().message());
   if (!have_tokens) return Status::InvalidArgument("--tokens is required, e.g. --tokens 1,2,3,4");
   KVO_ASSIGN_OR_RETURN(size_t block_size, ParseBlockSize(args.block_size));
   KVO_ASSIGN_OR_RETURN(std::vector<int64_t> tokens, ParseTokens(args.tokens));
 
   BlockHashOptions options;
   options.algo = algo;
-  options.none_hash = NoneHash(algo, args.seed);
+  options.none_hash = NoneHash(algo, *seed);
   options.block_size = block_size;
   if (!args.extra_keys.empty()) {
     KVO_ASSIGN_OR_RETURN(options.extra_keys,
@@ -133,10 +136,13 @@ void AddHashCommand(CLI::App& app) {
       "hash",
       "vLLM block hashes of a token sequence: NONE_HASH, then per full block the digest and its "
       "u64 wire form (vllm-compat.md A.7)");
-  cmd->add_option("--algo", args->algo, "prefix-caching hash algorithm: sha256|sha256_cbor")
+  cmd->add_option("--algo", args->algo,
+                  "vLLM's --prefix-caching-hash-algo: sha256|sha256_cbor|xxhash|xxhash_cbor")
       ->capture_default_str();
-  CLI::Option* seed =
-      cmd->add_option("--seed", args->seed, "the engines' PYTHONHASHSEED (a string, e.g. 0)");
+  CLI::Option* seed = cmd->add_option(
+      "--seed", args->seed,
+      "the engines' PYTHONHASHSEED (a string, e.g. 0); unset: \"vllm-none-hash\" for sha256 and "
+      "sha256_cbor (vLLM's default), required for xxhash and xxhash_cbor");
   cmd->add_option("--block-size", args->block_size, "tokens per hashed block")
       ->capture_default_str();
   CLI::Option* tokens =

@@ -236,7 +236,7 @@ struct DoctorArgs {
   std::string replay;
   std::string topic;
   std::string algo = "sha256";
-  std::string seed = "0";
+  std::optional<std::string> seed;  // unset: vLLM's rule (ResolveNoneHashSeed)
   int64_t block_size = 16;
   int64_t blocks = 64;
   int64_t timeout_ms = 10'000;
@@ -290,7 +290,9 @@ Status RunDoctor(const DoctorArgs& a) {
   }
   HashParityConfig cfg;
   KVO_ASSIGN_OR_RETURN(cfg.algo, ParseHashAlgo(a.algo));
-  cfg.seed = a.seed;
+  auto seed = ResolveNoneHashSeed(cfg.algo, a.seed);
+  if (!seed.ok()) return Status::InvalidArgument("--hash-seed: " + seed.status().message());
+  cfg.seed = *seed;
   if (a.block_size < 1) return Status::InvalidArgument("--block-size must be positive");
   cfg.block_size = a.block_size;
   SubscriberOptions o;
@@ -524,10 +526,12 @@ void AddIndexCommands(CLI::App& app) {
   doctor->add_option("--endpoint", doctor_args->endpoint, "a publisher's PUB endpoint");
   doctor->add_option("--replay", doctor_args->replay, "its replay endpoint (check what it has)");
   doctor->add_option("--topic", doctor_args->topic, "topic prefix filter");
-  doctor->add_option("--hash-algo", doctor_args->algo, "sha256 | sha256_cbor")
+  doctor
+      ->add_option("--hash-algo", doctor_args->algo, "sha256 | sha256_cbor | xxhash | xxhash_cbor")
       ->capture_default_str();
-  doctor->add_option("--hash-seed", doctor_args->seed, "the engine's PYTHONHASHSEED")
-      ->capture_default_str();
+  doctor->add_option("--hash-seed", doctor_args->seed,
+                     "the engine's PYTHONHASHSEED; unset: \"vllm-none-hash\" for sha256*, "
+                     "required for xxhash*");
   doctor->add_option("--block-size", doctor_args->block_size, "hash block size in tokens")
       ->capture_default_str();
   doctor->add_option("--blocks", doctor_args->blocks, "stop after verifying this many blocks")

@@ -1,6 +1,7 @@
 // vLLM block hashes (vllm-compat.md A.7): the published vectors, exact preimage bytes for pickle
 // protocol 5 and canonical CBOR, errors, and a randomized comparison with Python itself
-// (tests/events/hash_reference.py run by Debian's /usr/bin/python3 with python3-cbor2).
+// (tests/events/hash_reference.py run by Debian's /usr/bin/python3 with python3-cbor2 and
+// python3-xxhash), for all four --prefix-caching-hash-algo values and vLLM's NONE_HASH seed rule.
 #include "events/block_hash.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -50,12 +52,99 @@ TEST(BlockHashTest, ParseHashAlgo) {
   EXPECT_EQ(*ParseHashAlgo("sha256_cbor"), HashAlgo::kSha256Cbor);
   EXPECT_STREQ(HashAlgoName(HashAlgo::kSha256), "sha256");
   EXPECT_STREQ(HashAlgoName(HashAlgo::kSha256Cbor), "sha256_cbor");
-  for (const char* bad : {"", "SHA256", "xxhash", "sha256-cbor", "md5"}) {
+  EXPECT_EQ(*ParseHashAlgo("xxhash"), HashAlgo::kXxhash);
+  EXPECT_EQ(*ParseHashAlgo("xxhash_cbor"), HashAlgo::kXxhashCbor);
+  for (HashAlgo algo : kAllHashAlgos) EXPECT_EQ(*ParseHashAlgo(HashAlgoName(algo)), algo);
+  EXPECT_EQ(DigestSize(HashAlgo::kSha256), 32u);
+  EXPECT_EQ(DigestSize(HashAlgo::kSha256Cbor), 32u);
+  EXPECT_EQ(DigestSize(HashAlgo::kXxhash), 16u);
+  EXPECT_EQ(DigestSize(HashAlgo::kXxhashCbor), 16u);
+  for (const char* bad :
+       {"", "SHA256", "xxh3", "xxhash128", "sha256-cbor", "md5", "sha256_msgpack"}) {
     auto r = ParseHashAlgo(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos)
         << r.status().message();
+    EXPECT_NE(r.status().message().find("xxhash_cbor"), std::string::npos) << r.status().message();
+  }
+}
+
+// vLLM's resolve_none_hash_seed (#51875): PYTHONHASHSEED wins; unset, the sha256 variants use
+// "vllm-none-hash" and the xxhash variants have no reproducible seed.
+TEST(BlockHashTest, NoneHashSeedRule) {
+  for (HashAlgo algo : kAllHashAlgos) {
+    auto given = ResolveNoneHashSeed(algo, std::string("17"));
+    ASSERT_TRUE(given.ok());
+    EXPECT_EQ(*given, "17");
+    auto empty = ResolveNoneHashSeed(algo, std::string());  // PYTHONHASHSEED="" is a seed too
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ(*empty, "");
+    auto unset = ResolveNoneHashSeed(algo, std::nullopt);
+    if (IsCryptographic(algo)) {
+      ASSERT_TRUE(unset.ok()) << HashAlgoName(algo);
+      EXPECT_EQ(*unset, "vllm-none-hash");
+    } else {
+      ASSERT_FALSE(unset.ok()) << HashAlgoName(algo);
+      EXPECT_EQ(unset.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(unset.status().message().find(HashAlgoName(algo)), std::string::npos);
+      EXPECT_NE(unset.status().message().find("PYTHONHASHSEED"), std::string::npos);
+    }
+  }
+  // The fixed-seed vectors (Python's pickle / cbor2 + hashlib; as in vllm-plugin.md).
+  EXPECT_EQ(Hex(NoneHash(HashAlgo::kSha256, kDefaultNoneHashSeed)),
+            "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198");
+  EXPECT_EQ(Hex(NoneHash(HashAlgo::kSha256Cbor, kDefaultNoneHashSeed)),
+            "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0");
+  const std::vector<int64_t> b0 = {1, 2, 3, 4};
+  auto s =
+      HashBlock(HashAlgo::kSha256, NoneHash(HashAlgo::kSha256, kDefaultNoneHashSeed), b0, nullptr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(WireHash(*s), 1882140585328457242ull);
+  auto c = HashBlock(HashAlgo::kSha256Cbor, NoneHash(HashAlgo::kSha256Cbor, kDefaultNoneHashSeed),
+                     b0, nullptr);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(WireHash(*c), 9561501211280363793ull);
+}
+
+// Golden vectors for the xxhash variants, PYTHONHASHSEED=0, computed once with Debian's Python
+// 3.11 (pickle protocol 5, cbor2 5.4) and python3-xxhash 3.2.0 / libxxhash 0.8.1:
+//   xxhash.xxh3_128_digest(pickle.dumps(obj, 5)) and xxhash.xxh3_128_digest(cbor2.dumps(obj,
+//   canonical=True)). MatchesPythonReference recomputes them on random inputs every run.
+TEST(BlockHashTest, XxhashVectors) {
+  struct Vec {
+    HashAlgo algo;
+    const char* none_hash;
+    const char* h0;
+    uint64_t w0;
+    const char* h1;
+    uint64_t w1;
+    const char* preimage0;
+  };
+  const Vec vecs[] = {
+      {HashAlgo::kXxhash, "6fb31cc38bba6066183f7f2104b9c051", "f3856cedd7e636094750c4546e855397",
+       5138823041740264343ull, "0c9832567b17003b126077f57e0bb670", 1324190186712315504ull,
+       "800595220000000000000043106fb31cc38bba6066183f7f2104b9c05194284b014b024b034b0474944e87942"
+       "e"},
+      {HashAlgo::kXxhashCbor, "1ebe36576dcb573f26b99533a20aaeca",
+       "0a8577df5ee3430515a8cc1f6e3ac52e", 1560721706249274670ull,
+       "d152782cb4d753bde718a811a3b75e23", 16652244415917022755ull,
+       "83501ebe36576dcb573f26b99533a20aaeca8401020304f6"},
+  };
+  for (const Vec& v : vecs) {
+    SCOPED_TRACE(HashAlgoName(v.algo));
+    const std::string none = NoneHash(v.algo, "0");
+    EXPECT_EQ(Hex(none), v.none_hash);
+    BlockHasher h(v.algo);
+    auto h0 = h.Hash(none, std::vector<int64_t>{1, 2, 3, 4}, nullptr);
+    ASSERT_TRUE(h0.ok());
+    EXPECT_EQ(Hex(h.LastPreimage()), v.preimage0);
+    EXPECT_EQ(Hex(*h0), v.h0);
+    EXPECT_EQ(WireHash(*h0), v.w0);
+    auto h1 = h.Hash(*h0, std::vector<int64_t>{5, 6, 7, 8}, nullptr);
+    ASSERT_TRUE(h1.ok());
+    EXPECT_EQ(Hex(*h1), v.h1);
+    EXPECT_EQ(WireHash(*h1), v.w1);
   }
 }
 
@@ -119,6 +208,31 @@ TEST(BlockHashTest, HashBlocksChainsFullBlocksOnly) {
     ASSERT_TRUE(salted.ok());
     EXPECT_NE((*salted)[0], (*hashes)[0]);
     EXPECT_NE((*salted)[1], (*hashes)[1]);
+  }
+}
+
+TEST(BlockHashTest, HashBlocksWireEqualsTheDigestChain) {
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 16 * 40 + 5; ++i) tokens.push_back((i * 7919) % 152000 - (i % 5 == 0));
+  tokens[3] = std::numeric_limits<int64_t>::max();  // the slow paths too
+  tokens[20] = int64_t{1} << 33;
+  for (HashAlgo algo : kAllHashAlgos) {
+    BlockHashOptions options;
+    options.algo = algo;
+    options.none_hash = NoneHash(algo, "7");
+    options.block_size = 16;
+    options.extra_keys = {Value{}, Tuple({Str("lora")})};
+    auto digests = HashBlocks(tokens, options);
+    auto wire = HashBlocksWire(tokens, options);
+    ASSERT_TRUE(digests.ok() && wire.ok()) << HashAlgoName(algo);
+    ASSERT_EQ(wire->size(), 40u);
+    ASSERT_EQ(digests->size(), 40u);
+    for (size_t i = 0; i < 40; ++i) {
+      EXPECT_EQ((*wire)[i], WireHash((*digests)[i])) << HashAlgoName(algo) << " block " << i;
+      EXPECT_EQ((*digests)[i].size(), DigestSize(algo));
+    }
+    options.block_size = 0;
+    EXPECT_FALSE(HashBlocksWire(tokens, options).ok());
   }
 }
 
@@ -248,7 +362,7 @@ TEST(BlockHashTest, CborPreimages) {
 }
 
 TEST(BlockHashTest, HasherReuseMatchesFreshHasher) {
-  for (HashAlgo algo : {HashAlgo::kSha256, HashAlgo::kSha256Cbor}) {
+  for (HashAlgo algo : kAllHashAlgos) {
     BlockHasher reused(algo);
     std::vector<int64_t> big(20000, int64_t{1} << 40);  // several pickle frames
     const Value keys = Tuple({Str("x"), Str("x")});
@@ -351,7 +465,7 @@ std::string ValueJson(const Value& v) {
 
 struct Case {
   HashAlgo algo = HashAlgo::kSha256;
-  std::string seed;
+  std::optional<std::string> seed;  // nullopt: PYTHONHASHSEED unset (vLLM's default rule)
   size_t block_size = 1;
   std::vector<int64_t> tokens;
   std::vector<Value> extra_keys;
@@ -359,7 +473,7 @@ struct Case {
 
 std::string CaseJson(const Case& c) {
   std::string out = "{\"algo\":\"" + std::string(HashAlgoName(c.algo)) +
-                    "\",\"seed\":" + JsonString(c.seed) +
+                    "\",\"seed\":" + (c.seed ? JsonString(*c.seed) : std::string("null")) +
                     ",\"block_size\":" + std::to_string(c.block_size) + ",\"tokens\":[";
   for (size_t i = 0; i < c.tokens.size(); ++i) {
     if (i) out += ',';
@@ -403,10 +517,12 @@ std::vector<std::string> RunPython(const std::vector<Case>& cases, const std::st
     std::ifstream err(dir + "/stderr.txt");
     std::stringstream ss;
     ss << err.rdbuf();
-    ADD_FAILURE() << "the Python reference failed (exit " << (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1)
-                  << "): " << cmd << "\n"
-                  << ss.str()
-                  << "\nCI needs Debian's python3 with python3-cbor2 (apt install python3-cbor2).";
+    ADD_FAILURE()
+        << "the Python reference failed (exit " << (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1)
+        << "): " << cmd << "\n"
+        << ss.str()
+        << "\nCI needs Debian's python3 with python3-cbor2 and python3-xxhash (apt install "
+           "python3-cbor2 python3-xxhash).";
     return {};
   }
   std::vector<std::string> lines;
@@ -428,7 +544,9 @@ std::vector<std::string> Split(const std::string& s) {
 Result<std::vector<std::string>> OurHashes(const Case& c, bool preimage) {
   BlockHasher hasher(c.algo);
   std::vector<std::string> out;
-  std::string parent = hasher.HashString(c.seed);
+  auto seed = ResolveNoneHashSeed(c.algo, c.seed);
+  if (!seed.ok()) return std::vector<std::string>{"error:", "seed", "required"};
+  std::string parent = hasher.HashString(*seed);
   out.push_back(ToHex(preimage ? hasher.LastPreimage() : parent));
   for (size_t i = 0; i + 1 <= c.tokens.size() / c.block_size; ++i) {
     const Value* extra = i < c.extra_keys.size() ? &c.extra_keys[i] : nullptr;
@@ -442,7 +560,7 @@ Result<std::vector<std::string>> OurHashes(const Case& c, bool preimage) {
   if (!preimage) {
     BlockHashOptions options;
     options.algo = c.algo;
-    options.none_hash = NoneHash(c.algo, c.seed);
+    options.none_hash = NoneHash(c.algo, *seed);
     options.block_size = c.block_size;
     options.extra_keys = c.extra_keys;
     auto chain = HashBlocks(c.tokens, options);
@@ -541,8 +659,10 @@ class Generator {
     return s;
   }
 
-  std::string Seed() {
-    switch (Uniform(0, 5)) {
+  std::optional<std::string> Seed() {
+    switch (Uniform(0, 6)) {
+      case 6:
+        return std::nullopt;  // unset: "vllm-none-hash" for sha256*, an error for xxhash*
       case 0:
         return "0";
       case 1:
@@ -600,7 +720,7 @@ class Generator {
 
   Case RandomCase() {
     Case c;
-    c.algo = Chance(0.5) ? HashAlgo::kSha256 : HashAlgo::kSha256Cbor;
+    c.algo = kAllHashAlgos[Uniform(0, std::size(kAllHashAlgos) - 1)];
     c.seed = Seed();
     c.block_size = Chance(0.3) ? Uniform(1, 16) : Uniform(1, 2000);
     const size_t blocks = Uniform(1, 3);
@@ -634,9 +754,10 @@ std::vector<Case> EdgeCases() {
     c.extra_keys = std::move(extra);
     cases.push_back(std::move(c));
   };
-  for (HashAlgo algo : {HashAlgo::kSha256, HashAlgo::kSha256Cbor}) {
-    // 36 bytes precede the first token; 5-byte BININTs reach 64 KiB after 13100 of them.
-    for (size_t n = 13097; n <= 13103; ++n) add(algo, "0", std::vector<int64_t>(n, 1 << 20), {});
+  for (HashAlgo algo : kAllHashAlgos) {
+    // 36 bytes precede the first token (20 with a 16-byte xxhash parent); 5-byte BININTs reach
+    // 64 KiB after 13100 (13103) of them.
+    for (size_t n = 13097; n <= 13107; ++n) add(algo, "0", std::vector<int64_t>(n, 1 << 20), {});
     for (size_t n : {6550u, 6551u, 6552u, 13104u, 26210u, 30000u}) {
       add(algo, "0", std::vector<int64_t>(n, std::numeric_limits<int64_t>::max()), {});
     }
@@ -670,12 +791,14 @@ std::vector<Case> EdgeCases() {
 
 TEST(BlockHashTest, MatchesPythonReference) {
   ASSERT_EQ(::access(kPython, X_OK), 0)
-      << kPython << " is missing: the reference hashes need Debian's python3 with python3-cbor2";
+      << kPython
+      << " is missing: the reference hashes need Debian's python3 with python3-cbor2 and "
+         "python3-xxhash";
   const unsigned seed = testing::TestSeed();
   Generator gen(seed);
   std::vector<Case> cases = EdgeCases();
   const size_t edge = cases.size();
-  constexpr size_t kRandomCases = 600;
+  constexpr size_t kRandomCases = 800;  // about 200 per algorithm
   for (size_t i = 0; i < kRandomCases; ++i) cases.push_back(gen.RandomCase());
 
   testing::TempDir dir;
@@ -684,12 +807,19 @@ TEST(BlockHashTest, MatchesPythonReference) {
 
   size_t compared = 0;
   size_t mismatched = 0;
+  size_t per_algo[std::size(kAllHashAlgos)] = {};
+  size_t seed_errors = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     auto ours = OurHashes(c, /*preimage=*/false);
     ASSERT_TRUE(ours.ok()) << "case " << i << ": " << ours.status().ToString();
     const std::vector<std::string> theirs = Split(lines[i]);
-    compared += theirs.size();
+    if (!theirs.empty() && theirs[0] == "error:") {
+      ++seed_errors;
+    } else {
+      compared += theirs.size();
+      per_algo[static_cast<size_t>(c.algo)] += theirs.size();
+    }
     if (*ours == theirs) continue;
     ++mismatched;
     if (mismatched > 3) continue;
@@ -714,14 +844,22 @@ TEST(BlockHashTest, MatchesPythonReference) {
     }
     ADD_FAILURE() << "case " << i << (i < edge ? " (edge)" : " (random)")
                   << " algo=" << HashAlgoName(c.algo) << " block_size=" << c.block_size
-                  << " tokens=" << c.tokens.size() << " seed_len=" << c.seed.size()
+                  << " tokens=" << c.tokens.size() << " seed_len="
+                  << (c.seed ? std::to_string(c.seed->size()) : std::string("unset"))
                   << " extra_keys=" << c.extra_keys.size() << "\n  " << where
                   << "\n  replay with KVO_TEST_SEED=" << seed;
   }
   EXPECT_EQ(mismatched, 0u);
+  for (HashAlgo algo : kAllHashAlgos) {
+    EXPECT_GT(per_algo[static_cast<size_t>(algo)], 0u) << HashAlgoName(algo);
+  }
+  EXPECT_GT(seed_errors, 0u) << "no xxhash case without a seed was drawn";
   std::printf(
-      "[ python ] %zu cases (%zu edge + %zu random), %zu digests compared, %zu cases differ\n",
-      cases.size(), edge, kRandomCases, compared, mismatched);
+      "[ python ] seed %u: %zu cases (%zu edge + %zu random), %zu digests compared (sha256 %zu, "
+      "sha256_cbor %zu, xxhash %zu, xxhash_cbor %zu), %zu unseeded xxhash cases refused by both, "
+      "%zu cases differ\n",
+      seed, cases.size(), edge, kRandomCases, compared, per_algo[0], per_algo[1], per_algo[2],
+      per_algo[3], seed_errors, mismatched);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <numeric>
 
+#include "indexer/sources_config.h"
+
 namespace kvo {
 namespace {
 
@@ -217,6 +219,116 @@ TEST(DoctorTest, UnconfiguredChecksNothingAndMetricsFollowTheVerdict) {
   EXPECT_EQ(checked->Value(), 1);
   EXPECT_EQ(mismatched->Value(), 1);
   EXPECT_EQ(state->Value(), 1);
+}
+
+TEST(DoctorTest, XxhashEnginesAreCheckedAndNamed) {
+  for (HashAlgo algo : {HashAlgo::kXxhash, HashAlgo::kXxhashCbor}) {
+    SCOPED_TRACE(HashAlgoName(algo));
+    HashParityDoctor ok("e", Config(algo, "3", 16));
+    ok.CheckStored(EngineStore(algo, "3", 16, Tokens(48)));
+    EXPECT_EQ(ok.report().state, ParityState::kOk);
+    EXPECT_EQ(ok.report().matched_blocks, 3u);
+    // An xxhash engine checked as sha256: the algorithm is named (the seed agrees).
+    HashParityDoctor wrong("e", Config(HashAlgo::kSha256, "3", 16));
+    wrong.CheckStored(EngineStore(algo, "3", 16, Tokens(32)));
+    EXPECT_EQ(wrong.report().cause, "algorithm");
+    EXPECT_NE(wrong.report().detail.find(std::string("hashes with ") + HashAlgoName(algo)),
+              std::string::npos)
+        << wrong.report().detail;
+  }
+}
+
+// Current vLLM without PYTHONHASHSEED hashes sha256* from "vllm-none-hash": a source configured
+// without a seed agrees; one configured with the old habit "0" is told the engine uses the default.
+TEST(DoctorTest, FixedDefaultSeed) {
+  const std::string def(kDefaultNoneHashSeed);
+  HashParityDoctor ok("e", Config(HashAlgo::kSha256Cbor, def, 16));
+  ok.CheckStored(EngineStore(HashAlgo::kSha256Cbor, def, 16, Tokens(32)));
+  EXPECT_EQ(ok.report().state, ParityState::kOk);
+
+  HashParityDoctor zero("e", Config(HashAlgo::kSha256, "0", 16));
+  zero.CheckStored(EngineStore(HashAlgo::kSha256, def, 16, Tokens(32)));
+  ParityReport r = zero.report();
+  EXPECT_EQ(r.cause, "seed");
+  EXPECT_NE(r.detail.find("fixed default seed 'vllm-none-hash'"), std::string::npos) << r.detail;
+}
+
+// An older vLLM (before the fixed default) without PYTHONHASHSEED: a random NONE_HASH per process.
+// Configured without a seed (so kvo assumes "vllm-none-hash"), the doctor names the seed rule.
+TEST(DoctorTest, NamesSeedUnsetOnAnOlderVllm) {
+  const std::string random_seed =
+      "9f2c4e0b7d1a3c5e8f6b2d4a0c9e7f1b3d5a7c9e1f3b5d7a9c2e4f6b8d0a2c4e";
+  const std::string def(kDefaultNoneHashSeed);
+  for (HashAlgo algo : {HashAlgo::kSha256, HashAlgo::kSha256Cbor}) {
+    SCOPED_TRACE(HashAlgoName(algo));
+    HashParityDoctor d("e", Config(algo, def, 16));
+    // The engine sends raw digests (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0): a store chained from
+    // a known parent verifies whatever NONE_HASH is.
+    BlockHashOptions o;
+    o.algo = algo;
+    o.none_hash = NoneHash(algo, random_seed);
+    o.block_size = 16;
+    auto chain = HashBlocks(Tokens(48), o);
+    ASSERT_TRUE(chain.ok());
+    BlockStored chained;
+    chained.parent_block_hash = BlockHash::Bytes((*chain)[0]);
+    chained.block_hashes = {BlockHash::Bytes((*chain)[1]), BlockHash::Bytes((*chain)[2])};
+    chained.token_ids = Tokens(32, 17);
+    chained.block_size = 16;
+    d.CheckStored(chained);
+    EXPECT_EQ(d.report().state, ParityState::kOk);
+    // The first block of a prefix cannot be reproduced with any seed.
+    BlockStored root;
+    root.block_hashes = {BlockHash::Bytes((*chain)[0])};
+    root.token_ids = Tokens(16);
+    root.block_size = 16;
+    d.CheckStored(root);
+    ParityReport r = d.report();
+    EXPECT_EQ(r.state, ParityState::kMismatch);
+    EXPECT_EQ(r.cause, "seed");
+    EXPECT_NE(r.detail.find("seed unset on a vLLM older than the fixed default"), std::string::npos)
+        << r.detail;
+    EXPECT_NE(r.detail.find("only NONE_HASH differs"), std::string::npos) << r.detail;
+    EXPECT_NE(r.detail.find("PYTHONHASHSEED"), std::string::npos) << r.detail;
+  }
+  // The same engine against an explicitly configured seed: the seed rule is not the explanation.
+  HashParityDoctor explicit_seed("e", Config(HashAlgo::kSha256, "0", 16));
+  explicit_seed.CheckStored(EngineStore(HashAlgo::kSha256, random_seed, 16, Tokens(16)));
+  EXPECT_EQ(explicit_seed.report().cause, "unknown");
+  EXPECT_EQ(explicit_seed.report().detail.find("older than the fixed default:"), std::string::npos)
+      << explicit_seed.report().detail;
+}
+
+// The indexer's source settings follow vLLM's seed rule: no seed is "vllm-none-hash" for the
+// sha256 variants and an error naming the seed for the xxhash variants.
+TEST(DoctorTest, SourceHashSettingsFollowTheSeedRule) {
+  auto flag = ParseSourceFlag("e=tcp://127.0.0.1:5557,hash_algo=sha256_cbor");
+  ASSERT_TRUE(flag.ok()) << flag.status().ToString();
+  ASSERT_TRUE(flag->hash.has_value());
+  EXPECT_EQ(flag->hash->seed, "vllm-none-hash");
+  auto given = ParseSourceFlag("e=tcp://127.0.0.1:5557,hash_seed=0,hash_algo=xxhash");
+  ASSERT_TRUE(given.ok()) << given.status().ToString();
+  EXPECT_EQ(given->hash->algo, HashAlgo::kXxhash);
+  EXPECT_EQ(given->hash->seed, "0");
+  auto missing = ParseSourceFlag("e=tcp://127.0.0.1:5557,hash_algo=xxhash_cbor,block_size=16");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("hash_seed"), std::string::npos)
+      << missing.status().message();
+  EXPECT_NE(missing.status().message().find("PYTHONHASHSEED"), std::string::npos);
+
+  auto json = ParseIndexerConfig(
+      R"({"db": "x.db", "sources": [{"name": "a", "endpoint": "tcp://127.0.0.1:5557",
+          "hash": {"algo": "sha256"}}]})",
+      "cfg.json");
+  ASSERT_TRUE(json.ok()) << json.status().ToString();
+  EXPECT_EQ(json->sources[0].hash->seed, "vllm-none-hash");
+  auto xx = ParseIndexerConfig(
+      R"({"db": "x.db", "sources": [{"name": "a", "endpoint": "tcp://127.0.0.1:5557",
+          "hash": {"algo": "xxhash", "block_size": 16}}]})",
+      "cfg.json");
+  ASSERT_FALSE(xx.ok());
+  EXPECT_NE(xx.status().message().find("sources[0].hash.seed"), std::string::npos)
+      << xx.status().message();
 }
 
 }  // namespace
