@@ -200,7 +200,9 @@ TEST(IndexerFaultTest, RoutesStayFastWhileALargeStreamIsCleared) {
                   static_cast<long long>(r.calls));
     figures += line;
     EXPECT_EQ(r.failures, 0) << r.path;
-    if (testing::LatencyAsserted()) EXPECT_LT(r.max_ms, 500) << r.path << " waited for the clear";
+    if (testing::LatencyAsserted()) {
+      EXPECT_LT(r.max_ms, 500) << r.path << " waited for the clear";
+    }
     failures += (r.failures > 0 || r.max_ms >= 500) ? 1 : 0;
   }
   std::printf("%s\n", figures.c_str());

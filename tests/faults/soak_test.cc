@@ -126,7 +126,9 @@ TEST(IndexerSoakTest, RssFlatUnderChurnWithRestartsAndReplay) {
                 static_cast<long long>(healthz_failures));
   std::printf("%s\n", figures);
   const bool flat = growth <= allowed;
-  if (testing::MemoryAsserted()) EXPECT_TRUE(flat) << "RSS grows after warm-up: " << figures;
+  if (testing::MemoryAsserted()) {
+    EXPECT_TRUE(flat) << "RSS grows after warm-up: " << figures;
+  }
   EXPECT_EQ(healthz_failures, 0);
   testing::ReportFault(
       {"indexer",
