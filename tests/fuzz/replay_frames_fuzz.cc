@@ -63,6 +63,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(r.kind == Kind::kEnd, "the end marker not seen");
     } else if (seq.size() != 8) {
       FUZZ_CHECK(r.kind == Kind::kMalformed, "a %zu-byte seq accepted", seq.size());
+    } else if (seq == kvo::zmq_util::kEndSeq) {
+      // The end marker's seq with a payload: 2^64-1 is never a real sequence number.
+      FUZZ_CHECK(r.kind == Kind::kMalformed, "the end-marker seq accepted as a batch");
     } else {
       FUZZ_CHECK(r.kind == Kind::kBatch, "a batch not seen");
       FUZZ_CHECK(r.seq == BigEndian(seq), "seq");
