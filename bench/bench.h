@@ -43,6 +43,8 @@ int RunIndexerBench(const BenchOptions& options);  // bench/indexer_bench.cc
 // bench/transfer_bench.cc: all transfer cases; the host engine's cases alone.
 int RunTransferBench(const BenchOptions& options);
 int RunHostTransferCases(const BenchOptions& options);
+// bench/staging_plan_bench.cc: the CUDA staging submit's host-side planning (no GPU needed).
+int RunStagingPlanCases(const BenchOptions& options);
 // bench/fs_bench.cc
 int RunFsBench(const BenchOptions& options);
 

@@ -132,6 +132,9 @@ int RunHostTransferCases(const BenchOptions& options) {
   return 0;
 }
 
-int RunTransferBench(const BenchOptions& options) { return RunHostTransferCases(options); }
+int RunTransferBench(const BenchOptions& options) {
+  const int plan = RunStagingPlanCases(options);
+  return RunHostTransferCases(options) | plan;
+}
 
 }  // namespace kvo::bench

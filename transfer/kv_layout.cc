@@ -1,5 +1,6 @@
 #include "transfer/kv_layout.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -97,6 +98,16 @@ Result<KvLayout> KvLayout::Create(KvLayoutSpec spec) {
     }
   }
   layout.cell_bytes_ = cell;
+  layout.host_ref_order_.resize(spec.groups.size());
+  for (size_t g = 0; g < spec.groups.size(); ++g) {
+    std::vector<uint32_t>& order = layout.host_ref_order_[g];
+    const std::vector<KvGroupRef>& refs = spec.groups[g].refs;
+    for (uint32_t r = 0; r < refs.size(); ++r) order.push_back(r);
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+      return layout.tensor_area_offset_[refs[x].tensor_index] <
+             layout.tensor_area_offset_[refs[y].tensor_index];
+    });
+  }
   uint64_t chunk = 0, rounded = 0;
   if (MulOverflows(cell, spec.num_workers, &chunk) ||
       AddOverflows(chunk, spec.host_page_size - 1, &rounded)) {
@@ -148,7 +159,7 @@ Status KvLayout::CheckHostRegion(const HostRegion& region) const {
 
 Status KvLayout::ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion& region,
                                  TransferDirection direction, bool coalesce,
-                                 std::vector<CopySegment>* out) const {
+                                 std::vector<CopySegment>* out, ExpandOrder order) const {
   KVO_RETURN_IF_ERROR(CheckHostRegion(region));
   const size_t num_groups = spec_.groups.size();
   if (spec.group_sizes.size() != num_groups) {
@@ -183,40 +194,87 @@ Status KvLayout::ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion
     }
   }
   const size_t first = out->size();
-  size_t refs = 0;
-  for (size_t g = 0; g < num_groups; ++g) refs += spec_.groups[g].refs.size() * spec.group_sizes[g];
-  out->reserve(first + refs);
+  size_t total_refs = 0;
+  for (size_t g = 0; g < num_groups; ++g)
+    total_refs += spec_.groups[g].refs.size() * spec.group_sizes[g];
+  out->reserve(first + total_refs);
   const uint64_t bpc = spec_.blocks_per_chunk;
+  const bool d2h = direction == TransferDirection::kGpuToCpu;
+  const uint64_t worker_offset = cell_bytes_ * spec_.worker_index;
+  // One segment of group g: block position `pos` of its chunks, ref `ref`; false when the
+  // block id is outside the ref's tensor (the caller then reports it; no Status per segment).
+  auto emit = [&](const KvGroupRef& ref, size_t block_pos, size_t slot_pos, uint64_t skip,
+                  uint64_t pos) -> bool {
+    const KvTensorLayout& t = spec_.tensors[ref.tensor_index];
+    const int64_t block = spec.gpu_block_ids[block_pos + (pos - skip)];
+    if (block < 0 || static_cast<uint64_t>(block) >= t.num_blocks) return false;
+    const uint64_t slot = static_cast<uint64_t>(spec.cpu_slots[slot_pos + pos / bpc]);
+    const uintptr_t gpu = t.base + static_cast<uint64_t>(block) * t.block_stride;
+    const uintptr_t cpu = region.base + slot * region.row_stride + worker_offset +
+                          tensor_area_offset_[ref.tensor_index] + (pos % bpc) * t.page_bytes;
+    if (d2h) {
+      out->push_back({gpu, cpu, ref.copy_bytes});
+    } else {
+      out->push_back({cpu, gpu, ref.copy_bytes});
+    }
+    return true;
+  };
+  auto bad_block = [&](size_t g, const KvGroupRef& ref, size_t block_pos, uint64_t skip,
+                       uint64_t pos) {
+    out->resize(first);
+    const int64_t block = spec.gpu_block_ids[block_pos + (pos - skip)];
+    return Status::OutOfRange(
+        "block spec: GPU block " + std::to_string(block) + " of group " + std::to_string(g) +
+        " outside tensor " + std::to_string(ref.tensor_index) + " (" +
+        std::to_string(spec_.tensors[ref.tensor_index].num_blocks) + " blocks)");
+  };
   size_t block_pos = 0, slot_pos = 0;
   for (size_t g = 0; g < num_groups; ++g) {
     const uint64_t n = spec.group_sizes[g];
-    const uint64_t skip = spec.block_indices.empty() ? 0 : spec.block_indices[g] % bpc;
-    for (const KvGroupRef& ref : spec_.groups[g].refs) {
-      const KvTensorLayout& t = spec_.tensors[ref.tensor_index];
-      const uint64_t area = TensorAreaOffset(ref.tensor_index);
-      for (uint64_t i = 0; i < n; ++i) {
-        const int64_t block = spec.gpu_block_ids[block_pos + i];
-        if (block < 0 || static_cast<uint64_t>(block) >= t.num_blocks) {
-          out->resize(first);
-          return Status::OutOfRange("block spec: GPU block " + std::to_string(block) +
-                                    " of group " + std::to_string(g) + " outside tensor " +
-                                    std::to_string(ref.tensor_index) + " (" +
-                                    std::to_string(t.num_blocks) + " blocks)");
+    const uint64_t block_index = spec.block_indices.empty() ? 0 : spec.block_indices[g];
+    const uint64_t skip = block_index % bpc;
+    const std::vector<KvGroupRef>& refs = spec_.groups[g].refs;
+    if (order == ExpandOrder::kGroupRefBlock) {
+      for (const KvGroupRef& ref : refs) {
+        for (uint64_t pos = skip; pos < skip + n; ++pos) {
+          if (!emit(ref, block_pos, slot_pos, skip, pos)) {
+            return bad_block(g, ref, block_pos, skip, pos);
+          }
         }
-        const uint64_t pos = skip + i;
-        const uint64_t slot = static_cast<uint64_t>(spec.cpu_slots[slot_pos + pos / bpc]);
-        const uintptr_t gpu = t.base + static_cast<uint64_t>(block) * t.block_stride;
-        const uintptr_t cpu =
-            region.base + slot * region.row_stride + area + (pos % bpc) * t.page_bytes;
-        if (direction == TransferDirection::kGpuToCpu) {
-          out->push_back({gpu, cpu, ref.copy_bytes});
-        } else {
-          out->push_back({cpu, gpu, ref.copy_bytes});
+      }
+    } else {
+      // Per chunk: its row; per ref: its tensor and area; per block: a bound check and two
+      // multiply-adds (no division per segment).
+      const uint64_t chunks = SlotsForGroup(n, block_index);
+      for (uint64_t c = 0; c < chunks; ++c) {
+        const uint64_t pos_begin = std::max(skip, c * bpc);
+        const uint64_t pos_end = std::min(skip + n, (c + 1) * bpc);
+        const uintptr_t row =
+            region.base + static_cast<uint64_t>(spec.cpu_slots[slot_pos + c]) * region.row_stride +
+            worker_offset;
+        for (uint32_t r : host_ref_order_[g]) {
+          const KvGroupRef& ref = refs[r];
+          const KvTensorLayout& t = spec_.tensors[ref.tensor_index];
+          uintptr_t cpu =
+              row + tensor_area_offset_[ref.tensor_index] + (pos_begin - c * bpc) * t.page_bytes;
+          const int64_t* ids = spec.gpu_block_ids.data() + block_pos - skip;
+          for (uint64_t pos = pos_begin; pos < pos_end; ++pos, cpu += t.page_bytes) {
+            const int64_t block = ids[pos];
+            if (block < 0 || static_cast<uint64_t>(block) >= t.num_blocks) {
+              return bad_block(g, ref, block_pos, skip, pos);
+            }
+            const uintptr_t gpu = t.base + static_cast<uint64_t>(block) * t.block_stride;
+            if (d2h) {
+              out->push_back({gpu, cpu, ref.copy_bytes});
+            } else {
+              out->push_back({cpu, gpu, ref.copy_bytes});
+            }
+          }
         }
       }
     }
     block_pos += n;
-    slot_pos += SlotsForGroup(n, spec.block_indices.empty() ? 0 : spec.block_indices[g]);
+    slot_pos += SlotsForGroup(n, block_index);
   }
   if (coalesce) CoalesceSegments(out, first);
   return Status::Ok();
@@ -229,6 +287,10 @@ Status ValidateSegments(std::span<const CopySegment> segments, uint64_t alignmen
   auto bad = [](size_t i, const std::string& what) {
     return Status::InvalidArgument("segment " + std::to_string(i) + what);
   };
+  // A power-of-two alignment (every layout's) is checked with a mask: a division per address
+  // cost more than the rest of the check.
+  const bool pow2 = (alignment & (alignment - 1)) == 0;
+  const uint64_t mask = alignment - 1;
   for (size_t i = 0; i < segments.size(); ++i) {
     const CopySegment& s = segments[i];
     if (s.bytes == 0) return bad(i, " has zero bytes");
@@ -237,9 +299,10 @@ Status ValidateSegments(std::span<const CopySegment> segments, uint64_t alignmen
     if (AddOverflows(s.src, s.bytes, &end) || AddOverflows(s.dst, s.bytes, &end)) {
       return bad(i, " extends beyond the address space");
     }
-    if (s.src % alignment != 0 || s.dst % alignment != 0 || s.bytes % alignment != 0) {
-      return bad(i, " not aligned to " + std::to_string(alignment) + " bytes");
-    }
+    const bool misaligned =
+        pow2 ? ((s.src | s.dst | s.bytes) & mask) != 0
+             : (s.src % alignment != 0 || s.dst % alignment != 0 || s.bytes % alignment != 0);
+    if (misaligned) return bad(i, " not aligned to " + std::to_string(alignment) + " bytes");
   }
   return Status::Ok();
 }

@@ -87,6 +87,17 @@ struct HostRegion {
 // entry per KV group. Group g's blocks cover chunk positions skip_g .. skip_g + n_g - 1 with
 // skip_g = block_indices[g] % blocks_per_chunk; it uses ceil((skip_g + n_g) / bpc) slots (0 when
 // n_g == 0).
+// The order ExpandBlockSpec emits segments in (the same set either way).
+enum class ExpandOrder : uint8_t {
+  // group, ref, block: one run per (group, ref), ordered by block position.
+  kGroupRefBlock,
+  // group, CPU slot (chunk), ref by its tensor area's offset in the row, block position: each
+  // row's segments are emitted in host-address order, back to back, so a row is one
+  // host-contiguous span when the refs copy whole pages of adjacent areas, and a job whose slots
+  // ascend is ordered by host address without sorting (the CUDA engine's staging path).
+  kHostRow,
+};
+
 struct BlockTransferSpec {
   std::vector<int64_t> gpu_block_ids;
   std::vector<uint32_t> group_sizes;
@@ -115,13 +126,14 @@ class KvLayout {
   // Checks that `region` matches this layout (row_stride, alignment).
   Status CheckHostRegion(const HostRegion& region) const;
 
-  // Expands a block-level spec into segments for `direction` (src/dst swap with the direction).
-  // With `coalesce`, segments contiguous on both sides are merged. Errors (nothing appended):
+  // Expands a block-level spec into segments for `direction` (src/dst swap with the direction),
+  // in `order`. With `coalesce`, segments contiguous on both sides are merged. Errors (nothing
+  // appended):
   // group_sizes size != number of groups, block/slot counts that do not add up, a block id
   // outside its tensor, a slot id outside the region.
   Status ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion& region,
-                         TransferDirection direction, bool coalesce,
-                         std::vector<CopySegment>* out) const;
+                         TransferDirection direction, bool coalesce, std::vector<CopySegment>* out,
+                         ExpandOrder order = ExpandOrder::kGroupRefBlock) const;
 
   // Number of CPU slots a group with `num_blocks` GPU blocks starting at logical `block_index`
   // uses.
@@ -132,6 +144,8 @@ class KvLayout {
 
   KvLayoutSpec spec_;
   std::vector<uint64_t> tensor_area_offset_;  // within a worker cell
+  // Per group: its ref indices ordered by tensor area offset (ExpandOrder::kHostRow).
+  std::vector<std::vector<uint32_t>> host_ref_order_;
   uint64_t cell_bytes_ = 0;
   uint64_t chunk_bytes_ = 0;
   uint64_t row_stride_ = 0;

@@ -7,4 +7,5 @@
 #include "transfer/fs_namespace.h"
 #include "transfer/fs_tier.h"
 #include "transfer/kv_layout.h"
+#include "transfer/staging_plan.h"
 #include "transfer/transfer_engine.h"

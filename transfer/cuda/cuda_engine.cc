@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/cuda/cuda_internal.h"
+#include "transfer/staging_plan.h"
 
 namespace kvo::cuda {
 
@@ -266,27 +267,39 @@ class CudaTransferEngine final : public TransferEngine {
   }
 
   Result<TransferJobId> Submit(TransferRequest request) override {
-    std::vector<CopySegment> segs;
     MutexLock lock(&mu_);
+    const bool d2h = request.direction == TransferDirection::kGpuToCpu;
+    // A block spec expands into the engine's reused buffer, each CPU row's segments in host order
+    // (staging then needs no sort when the slots ascend); raw segments are used where they are.
+    std::vector<CopySegment>* segs = &request.segments;
     if (request.blocks.has_value()) {
       if (!layout_) {
         return Status::FailedPrecondition("cuda transfer job: block spec before RegisterLayout");
       }
+      segs_.clear();
       KVO_RETURN_IF_ERROR(layout_->ExpandBlockSpec(*request.blocks, region_, request.direction,
-                                                   /*coalesce=*/true, &segs));
-    } else {
-      segs = std::move(request.segments);
+                                                   /*coalesce=*/true, &segs_,
+                                                   ExpandOrder::kHostRow));
+      segs = &segs_;
     }
-    if (segs.empty()) return Status::InvalidArgument("cuda transfer job: no segments");
-    KVO_RETURN_IF_ERROR(ValidateSegments(segs, 1));
+    if (segs->empty()) return Status::InvalidArgument("cuda transfer job: no segments");
+    KVO_RETURN_IF_ERROR(ValidateSegments(*segs, 1));
     KVO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
 
-    const bool d2h = request.direction == TransferDirection::kGpuToCpu;
     uint64_t total = 0;
+    for (const CopySegment& s : *segs) total += s.bytes;
     bool host_pinned = true;
-    for (const CopySegment& s : segs) {
-      total += s.bytes;
-      if (host_pinned && !HostToDevice(d2h ? s.dst : s.src, s.bytes).ok()) host_pinned = false;
+    if (request.blocks.has_value()) {
+      // Every host address of an expanded spec lies in a row of the registered region
+      // (ExpandBlockSpec checks each slot against it): one lookup for the job.
+      host_pinned = FindPinned(region_.base, region_.bytes()) != nullptr;
+    } else {
+      for (const CopySegment& s : *segs) {
+        if (!HostToDevice(d2h ? s.dst : s.src, s.bytes).ok()) {
+          host_pinned = false;
+          break;
+        }
+      }
     }
     // Busy: the compute stream still has queued work (this job will run beside it).
     const cudaError_t q = cudaStreamQuery(compute_);
@@ -296,7 +309,7 @@ class CudaTransferEngine final : public TransferEngine {
     const bool busy = q == cudaErrorNotReady;
     CopyMethod method = method_;
     if (method == CopyMethod::kAuto) {
-      method = ChooseCopyMethod(tuning_, total, segs.size(), busy, host_pinned);
+      method = ChooseCopyMethod(tuning_, total, segs->size(), busy, host_pinned);
     }
     if (method == CopyMethod::kKernel && !host_pinned) {
       return Status::InvalidArgument(
@@ -311,7 +324,7 @@ class CudaTransferEngine final : public TransferEngine {
     job->busy = busy;
     job->bytes = total;
     Lane& lane = lanes_[static_cast<int>(request.direction)];
-    Status st = Enqueue(lane, job.get(), &segs, d2h, request.wait_event);
+    Status st = Enqueue(lane, job.get(), segs, d2h, request.wait_event);
     if (!st.ok()) {
       KVO_LOG_WARN("cuda transfer job {} failed to enqueue: {}", job->id, st.ToString());
       job->status = st;
@@ -446,11 +459,10 @@ class CudaTransferEngine final : public TransferEngine {
       case CopyMethod::kBatch:
       case CopyMethod::kDma: {
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, lane.copy));
-        std::vector<DmaCopy> copies;
-        copies.reserve(segs->size());
-        for (const CopySegment& s : *segs) copies.push_back({s.dst, s.src, s.bytes});
+        copies_.clear();
+        for (const CopySegment& s : *segs) copies_.push_back({s.dst, s.src, s.bytes});
         KVO_RETURN_IF_ERROR(
-            EnqueueDma(job, copies, lane.copy, job->method == CopyMethod::kBatch, d2h));
+            EnqueueDma(job, copies_, lane.copy, job->method == CopyMethod::kBatch, d2h));
         final_stream = lane.copy;
         break;
       }
@@ -526,147 +538,78 @@ class CudaTransferEngine final : public TransferEngine {
     }
   }
 
-  Status UploadRest(Job* job, size_t begin, size_t end, cudaStream_t stream) {
-    if (end <= begin) return Status::Ok();
-    KVO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(job->descs.device + begin, job->descs.host + begin,
-                                             (end - begin) * sizeof(CopyDesc),
-                                             cudaMemcpyHostToDevice, stream));
-    return Status::Ok();
-  }
-
-  // Staging: segments sorted by host address are packed into staging chunks (the host side of a
-  // chunk is then a few contiguous runs). Per chunk, D2H: gather kernel (kernel stream) -> DMA of
-  // the runs (copy stream); H2D: DMA of the runs -> scatter kernel. Two staging slots per
-  // direction, guarded by slot_ready / slot_free events, let chunk i+1's kernel overlap chunk
-  // i's DMA.
+  // Staging: segments ordered by host address (OrderByHost: linear when a block spec's rows
+  // already ascend) are packed into staging chunks (the host side of a chunk is then a few
+  // contiguous runs). Per chunk, D2H: gather kernel (kernel stream) -> DMA of the runs (copy
+  // stream); H2D: DMA of the runs -> scatter kernel. Two staging slots per direction, guarded by
+  // slot_ready / slot_free events, let chunk i+1's kernel overlap chunk i's DMA. Chunks are
+  // planned (transfer/staging_plan.h) and enqueued one at a time, so the GPU starts on chunk 0
+  // while the host still plans the rest; each chunk's descriptors go to device memory just
+  // before its kernel needs them.
   Status EnqueueStaging(Lane& lane, Job* job, std::vector<CopySegment>* segs, bool d2h,
                         cudaStream_t* final_stream) {
-    auto host_of = [d2h](const CopySegment& s) { return d2h ? s.dst : s.src; };
-    std::sort(segs->begin(), segs->end(),
-              [&](const CopySegment& a, const CopySegment& b) { return host_of(a) < host_of(b); });
-    const uint64_t chunk = tuning_.staging_chunk_bytes;
+    KVO_RETURN_IF_ERROR(OrderByHost(segs, d2h, &order_scratch_).status());
     const StagingShape& shape = job->busy ? tuning_.staging_busy : tuning_.staging_idle;
     const int ctas = shape.ctas > 0 ? shape.ctas : 4 * sms_;
-    struct ChunkPlan {
-      size_t desc_begin = 0, desc_end = 0;
-      size_t run_begin = 0, run_end = 0;
-    };
-    struct Run {
-      uintptr_t host;
-      uint64_t offset;  // in the chunk
-      uint64_t bytes;
-    };
-    std::vector<ChunkPlan> chunks;
-    std::vector<Run> runs;
-    // Descriptors hold the staging offset in `dst` (D2H) / `src` (H2D) until the slot is known.
-    std::vector<CopyDesc> descs;
-    // Chunk sizes ramp: the first and the last chunk are small (chunk / 8) so the exposed first
-    // gather (D2H) and last scatter (H2D), which do not overlap a DMA, are short.
-    uint64_t remaining = 0;
-    for (const CopySegment& s : *segs) remaining += s.bytes;
-    const uint64_t small = chunk / 8;
-    auto next_limit = [&](bool first) {
-      if (first && remaining > small) return small;
-      if (remaining <= small) return remaining;
-      if (remaining <= chunk + small) return remaining - small;
-      return chunk;
-    };
-    uint64_t limit = 0;
-    uint64_t fill = 0;  // bytes used in the current chunk; fill == limit starts a new one
-    for (const CopySegment& s : *segs) {
-      uintptr_t gpu = d2h ? s.src : s.dst;
-      uintptr_t host = host_of(s);
-      uint64_t done = 0;
-      while (done < s.bytes) {
-        if (fill == limit) {
-          limit = next_limit(chunks.empty());
-          if (!chunks.empty()) {
-            chunks.back().desc_end = descs.size();
-            chunks.back().run_end = runs.size();
-          }
-          chunks.push_back({descs.size(), 0, runs.size(), 0});
-          fill = 0;
-        }
-        uint64_t n = std::min({s.bytes - done, limit - fill, shape.piece_bytes});
-        if (d2h) {
-          descs.push_back({gpu + done, fill, n, 0});
-        } else {
-          descs.push_back({fill, gpu + done, n, 0});
-        }
-        if (runs.size() > chunks.back().run_begin &&
-            runs.back().host + runs.back().bytes == host + done &&
-            runs.back().offset + runs.back().bytes == fill) {
-          runs.back().bytes += n;
-        } else {
-          runs.push_back({host + done, fill, n});
-        }
-        fill += n;
-        done += n;
-        remaining -= n;
-      }
-    }
-    chunks.back().desc_end = descs.size();
-    chunks.back().run_end = runs.size();
-
-    KVO_ASSIGN_OR_RETURN(job->descs, descriptor_pool_.Acquire(descs.size()));
-    // Descriptors of every chunk (each chunk's staging slot is known now), uploaded once.
-    std::vector<int> slots(chunks.size());
-    for (size_t ci = 0; ci < chunks.size(); ++ci) {
-      const ChunkPlan& c = chunks[ci];
-      slots[ci] = static_cast<int>(lane.next_slot++ % 2);
-      const uintptr_t stage = reinterpret_cast<uintptr_t>(lane.staging[slots[ci]]);
-      for (size_t i = c.desc_begin; i < c.desc_end; ++i) {
-        CopyDesc d = descs[i];
-        if (d2h) {
-          d.dst += stage;
-        } else {
-          d.src += stage;
-        }
-        job->descs.host[i] = d;
-      }
-    }
-    // The job's GPU time starts here (host planning above, like every method's, is not in it).
+    StagingPlanner::Params params;
+    params.chunk_bytes = tuning_.staging_chunk_bytes;
+    params.piece_bytes = shape.piece_bytes;
+    params.staging = {reinterpret_cast<uintptr_t>(lane.staging[0]),
+                      reinterpret_cast<uintptr_t>(lane.staging[1])};
+    params.first_slot = lane.next_slot;
+    params.d2h = d2h;
+    KVO_ASSIGN_OR_RETURN(
+        job->descs, descriptor_pool_.Acquire(StagingPlanner::MaxDescs(*segs, job->bytes, params)));
+    planner_.Begin(*segs, job->bytes, params, job->descs.host, job->descs.capacity);
+    // The job's GPU time starts here (planning chunk 0 and the ordering above are not in it).
     KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, d2h ? lane.kernel : lane.copy));
-    // Upload the first chunk's descriptors, and the rest after its kernel (off the critical path).
-    const size_t first_descs = chunks.front().desc_end;
-    KVO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(job->descs.device, job->descs.host,
-                                             first_descs * sizeof(CopyDesc), cudaMemcpyHostToDevice,
-                                             lane.kernel));
-    for (size_t ci = 0; ci < chunks.size(); ++ci) {
-      const ChunkPlan& c = chunks[ci];
-      const int slot = slots[ci];
-      const uintptr_t stage = reinterpret_cast<uintptr_t>(lane.staging[slot]);
-      std::vector<DmaCopy> copies;
-      copies.reserve(c.run_end - c.run_begin);
-      for (size_t i = c.run_begin; i < c.run_end; ++i) {
-        const Run& r = runs[i];
+    StagingChunk c;
+    size_t chunks = 0;
+    while (planner_.Next(&c)) {
+      ++chunks;
+      ++lane.next_slot;
+      const int slot = static_cast<int>(c.slot);
+      const uintptr_t stage = params.staging[c.slot];
+      copies_.clear();
+      for (const StagingRun& r : planner_.runs()) {
         if (d2h) {
-          copies.push_back({r.host, stage + r.offset, r.bytes});
+          copies_.push_back({r.host, stage + r.offset, r.bytes});
         } else {
-          copies.push_back({stage + r.offset, r.host, r.bytes});
+          copies_.push_back({stage + r.offset, r.host, r.bytes});
         }
       }
       const size_t n = c.desc_end - c.desc_begin;
-      const CopyDesc* chunk_descs = job->descs.device + c.desc_begin;
+      CopyDesc* dev = job->descs.device + c.desc_begin;
+      const CopyDesc* host = job->descs.host + c.desc_begin;
       if (d2h) {
+        // Descriptors host->device on the kernel stream while the DMAs go device->host.
+        KVO_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dev, host, n * sizeof(CopyDesc), cudaMemcpyHostToDevice, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_free[slot], 0));
         KVO_CUDA_RETURN_IF_ERROR(
-            cuda_internal::LaunchCopyPieces(chunk_descs, n, ctas, shape.threads, lane.kernel));
-        if (ci == 0) KVO_RETURN_IF_ERROR(UploadRest(job, first_descs, descs.size(), lane.kernel));
+            cuda_internal::LaunchCopyPieces(dev, n, ctas, shape.threads, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.copy, lane.slot_ready[slot], 0));
-        KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
+        KVO_RETURN_IF_ERROR(EnqueueDma(job, copies_, lane.copy, /*batch=*/true, d2h));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_free[slot], lane.copy));
       } else {
+        // Descriptors on the copy stream before the chunk's DMA: the scatter waits for that
+        // DMA's event, so for its descriptors too (no extra copy queued behind a DMA).
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.copy, lane.slot_free[slot], 0));
-        KVO_RETURN_IF_ERROR(EnqueueDma(job, copies, lane.copy, /*batch=*/true, d2h));
+        KVO_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dev, host, n * sizeof(CopyDesc), cudaMemcpyHostToDevice, lane.copy));
+        KVO_RETURN_IF_ERROR(EnqueueDma(job, copies_, lane.copy, /*batch=*/true, d2h));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_ready[slot], lane.copy));
         KVO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(lane.kernel, lane.slot_ready[slot], 0));
         KVO_CUDA_RETURN_IF_ERROR(
-            cuda_internal::LaunchCopyPieces(chunk_descs, n, ctas, shape.threads, lane.kernel));
-        if (ci == 0) KVO_RETURN_IF_ERROR(UploadRest(job, first_descs, descs.size(), lane.kernel));
+            cuda_internal::LaunchCopyPieces(dev, n, ctas, shape.threads, lane.kernel));
         KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.slot_free[slot], lane.kernel));
       }
+    }
+    if (planner_.overflowed() || chunks == 0) {
+      return Status::Internal("cuda staging: planning ran past " +
+                              std::to_string(job->descs.capacity) + " descriptors or " +
+                              std::to_string(job->bytes) + " bytes");
     }
     if (d2h) {
       // The copy stream's end also covers the gathers (each DMA waited for its gather).
@@ -693,6 +636,11 @@ class CudaTransferEngine final : public TransferEngine {
   HostRegion region_;
   TransferJobId next_id_ = 1;
   std::deque<std::pair<TransferJobId, CopyMethod>> recent_methods_;
+  // Per-submit work buffers, reused (their capacity stays): no heap allocation per job once grown.
+  std::vector<CopySegment> segs_;
+  HostOrderScratch order_scratch_;
+  StagingPlanner planner_;
+  std::vector<DmaCopy> copies_;
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "transfer/piece_desc.h"
 
 namespace kvo::cuda_internal {
 
@@ -26,13 +27,8 @@ Status CudaStatus(cudaError_t err, const char* what);
 
 // One piece of a copy as the kernels see it: `bytes` from `src` to `dst` (device-usable
 // addresses: device memory, or mapped pinned host memory). 32 bytes so a warp reads it in one go.
-struct CopyDesc {
-  uint64_t src;
-  uint64_t dst;
-  uint64_t bytes;
-  uint64_t pad;
-};
-static_assert(sizeof(CopyDesc) == 32);
+// The CUDA-free staging planner (transfer/staging_plan.h) writes these.
+using CopyDesc = ::kvo::PieceDesc;
 
 // Launches the warp-per-piece copy kernel: `count` descriptors read from `descs` (device or mapped
 // pinned memory), `ctas` blocks of `threads` threads. 16-byte loads/stores where src, dst and size
