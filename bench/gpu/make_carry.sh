@@ -16,14 +16,21 @@ rm -rf "$S" "$C"
 mkdir -p "$S" "$C/lib" "$C/src" "$C/pyinc"
 git archive HEAD | tar -x -C "$S"
 [ -f /work/ccache.env ] && . /work/ccache.env
-cmake -S "$S" -B "$S/build/gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVO_BUILD_TESTS=OFF \
+# ENGINE_TEST=1 also builds the CUDA engine's gtest binary into bin/ (it needs only the four shared
+# libraries below; run_on_device.sh STEPS=enginetest runs it on the GPU).
+TESTS=OFF; TARGETS=_kvo
+if [ "${ENGINE_TEST:-0}" = 1 ]; then TESTS=ON; TARGETS="_kvo transfer_cuda_cuda_engine_test"; fi
+cmake -S "$S" -B "$S/build/gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVO_BUILD_TESTS=$TESTS \
   -DKVO_BUILD_BENCH=OFF -DPython3_EXECUTABLE=/usr/bin/python3 >/dev/null
-cmake --build "$S/build/gpu" --target _kvo -j"${JOBS:-2}"
+cmake --build "$S/build/gpu" --target $TARGETS -j"${JOBS:-2}"
 B=$S/build/gpu
 cp $B/manager/libkvo_manager.a $B/transfer/libkvo_transfer.a $B/events/libkvo_events.a \
    $B/common/libkvo_common.a $B/transfer/cuda/libkvo_transfer_cuda.a "$C/lib/"
 cp "$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")/lib/libcudart_static.a" \
    "$C/lib/" 2>/dev/null || cp /usr/local/cuda/lib64/libcudart_static.a "$C/lib/"
+if [ "$TESTS" = ON ]; then
+  mkdir -p "$C/bin" && cp "$S/build/gpu/tests/transfer_cuda_cuda_engine_test" "$C/bin/"
+fi
 for l in libxxhash.so.0 libcrypto.so.3 libspdlog.so.1.10 libfmt.so.9; do
   cp -L /lib/x86_64-linux-gnu/$l "$C/lib/"
   ln -sf $l "$C/lib/${l%%.so*}.so"

@@ -3,6 +3,7 @@
 # the worker bench (step 1), the transformer end to end (step 2) and compute-sanitizer (step 3).
 # Needs .device/carry (bench/gpu/make_carry.sh) carried. Logs and JSON under $OUT.
 #   STEPS=info,build,worker,model,sanitize (default all)   WORKER_ARGS / MODEL_ARGS: extra flags
+#   STEPS=...,enginetest: the CUDA engine's gtest binary (make_carry.sh with ENGINE_TEST=1)
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/kvo-out}
@@ -30,6 +31,14 @@ import sys; sys.path.insert(0, 'bench/gpu'); import kvo_gpu, kvo
 print('kvo', kvo.__file__, kvo._kvo.__file__, 'engines', kvo.transfer_engines())
 assert 'cuda' in kvo.transfer_engines()"; } 2>&1 | tee -a "$OUT/setup.log"
   if [ $? -ne 0 ]; then el "BUILD FAILED"; exit 1; fi
+fi
+
+if step enginetest; then
+  el enginetest
+  { LD_LIBRARY_PATH=$PWD/.device/carry/lib timeout ${ENGINETEST_TIMEOUT:-120} \
+      .device/carry/bin/transfer_cuda_cuda_engine_test; echo "ENGINE_TEST rc=$?"; } 2>&1 \
+    | tee "$OUT/enginetest.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |ENGINE_TEST rc"
+  grep -q "ENGINE_TEST rc=0" "$OUT/enginetest.log" || status=1
 fi
 
 if step worker; then
