@@ -57,7 +57,9 @@ fi
 
 if step sanitize; then
   SMALL="--pages 16,64 --layers 4 --job-mib 4 --reps 1 --fs-blocks 8"
-  if compute-sanitizer --help 2>&1 | grep -q -- "--kernel-name"; then KF="--kernel-name kns=CopyPieces"
+  # (the help captured first: grep -q closing the pipe early would fail it under pipefail)
+  SANITIZER_HELP=$(compute-sanitizer --help 2>&1 || true)
+  if grep -q -- "--kernel-name" <<<"$SANITIZER_HELP"; then KF="--kernel-name kns=CopyPieces"
   else KF="--filter kns=CopyPieces"; fi
   {
     compute-sanitizer --version | tail -1
