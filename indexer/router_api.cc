@@ -17,6 +17,7 @@ using OJson = nlohmann::ordered_json;
 
 constexpr int64_t kMaxBlockSize = 1 << 20;
 constexpr int64_t kMaxRank = 1 << 16;
+constexpr int64_t kMaxRanksPerRequest = 1024;
 
 Status Bad(const std::string& what) { return Status::InvalidArgument(what); }
 
@@ -207,9 +208,17 @@ std::string Registration::Key() const {
   return instance_id + "|" + tenant_id + "|" + std::to_string(dp_rank);
 }
 
-Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote) {
+namespace {
+
+Result<Registration> ParseRegistration(std::string_view body, bool allow_remote, bool stored) {
   KVO_ASSIGN_OR_RETURN(json o, ParseBody(body, "/register", 64));
   Registration r;
+  if (stored) {
+    KVO_ASSIGN_OR_RETURN(auto from, OptString(o, "discovered_from"));
+    r.discovered_from = from.value_or("");
+    // A discovered registration names the host the operator's --discover named.
+    if (!r.discovered_from.empty()) allow_remote = true;
+  }
   KVO_ASSIGN_OR_RETURN(r.endpoint, ReqString(o, "endpoint"));
   KVO_RETURN_IF_ERROR(CheckEndpoint(r.endpoint, "endpoint", allow_remote));
   KVO_ASSIGN_OR_RETURN(r.replay_endpoint, OptString(o, "replay_endpoint"));
@@ -246,7 +255,50 @@ Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remo
     KVO_ASSIGN_OR_RETURN(salt, OptString(o, "additional_salt"));
   }
   r.additional_salt = salt.value_or("");
+  KVO_ASSIGN_OR_RETURN(auto topic, OptString(o, "topic"));
+  r.topic = topic.value_or("");
+  KVO_ASSIGN_OR_RETURN(auto ranks, OptInt(o, "dp_ranks", 1, kMaxRanksPerRequest));
+  r.dp_ranks = ranks.value_or(1);
+  if (stored && r.dp_ranks != 1) return Bad("a stored registration has 'dp_ranks' != 1");
+  if (r.dp_rank + r.dp_ranks - 1 > kMaxRank) {
+    return Bad("'dp_rank' + 'dp_ranks' - 1 must be at most " + std::to_string(kMaxRank));
+  }
   return r;
+}
+
+}  // namespace
+
+Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote) {
+  return ParseRegistration(body, allow_remote, false);
+}
+
+Result<Registration> ParseStoredRegistration(std::string_view body, bool allow_remote) {
+  return ParseRegistration(body, allow_remote, true);
+}
+
+Result<std::vector<Registration>> ExpandRanks(const Registration& r) {
+  std::vector<Registration> out;
+  for (int64_t i = 0; i < r.dp_ranks; ++i) {
+    Registration one = r;
+    one.dp_ranks = 1;
+    one.dp_rank = r.dp_rank + i;
+    if (i > 0) {
+      auto ep = OffsetEndpointPort(r.endpoint, i);
+      if (!ep.ok())
+        return Bad("'endpoint' for rank " + std::to_string(one.dp_rank) + ": " +
+                   ep.status().message());
+      one.endpoint = *ep;
+      if (r.replay_endpoint) {
+        auto rep = OffsetEndpointPort(*r.replay_endpoint, i);
+        if (!rep.ok())
+          return Bad("'replay_endpoint' for rank " + std::to_string(one.dp_rank) + ": " +
+                     rep.status().message());
+        one.replay_endpoint = *rep;
+      }
+    }
+    out.push_back(std::move(one));
+  }
+  return out;
 }
 
 std::string RenderRegistration(const Registration& r) {
@@ -261,6 +313,8 @@ std::string RenderRegistration(const Registration& r) {
   j["block_size"] = r.block_size;
   j["dp_rank"] = r.dp_rank;
   j["additionalsalt"] = r.additional_salt;
+  if (!r.topic.empty()) j["topic"] = r.topic;
+  if (!r.discovered_from.empty()) j["discovered_from"] = r.discovered_from;
   return j.dump();
 }
 
@@ -272,6 +326,8 @@ std::string FirstDifference(const Registration& a, const Registration& b) {
   if (a.lora_name != b.lora_name) return "lora_name";
   if (a.block_size != b.block_size) return "block_size";
   if (a.additional_salt != b.additional_salt) return "additionalsalt";
+  if (a.topic != b.topic) return "topic";
+  if (a.discovered_from != b.discovered_from) return "discovered_from";
   return "";
 }
 
