@@ -385,6 +385,77 @@ TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
   EXPECT_GT(nontrivial, 0);
 }
 
+// Two consecutive free ports (vLLM's DP rank offsets), or 0.
+int FreePortPair() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    int p = FreePort();
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(p + 1));
+    bool ok = p < 65535 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) return p;
+  }
+  return 0;
+}
+
+// "dp_ranks": 2 registers ranks dp_rank and dp_rank + 1, the second on the offset ports (vLLM's
+// rule, the same the publishers bind with); each rank is its own registration.
+TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
+  const int port = FreePortPair();
+  const int replay = FreePortPair();
+  ASSERT_GT(port, 0);
+  ASSERT_GT(replay, 0);
+  KvEventsConfig c;
+  c.enable_kv_cache_events = true;
+  c.publisher = "zmq";
+  c.endpoint = "tcp://*:" + std::to_string(port);
+  c.replay_endpoint = "tcp://*:" + std::to_string(replay);
+  auto p0 = CreateEventPublisher(c, 0);
+  auto p1 = CreateEventPublisher(c, 1);
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  ASSERT_TRUE((*p0)->Publish(Store(3, kMediumGpu, 0)).ok());
+  ASSERT_TRUE((*p1)->Publish(Store(1, kMediumCpu, 1)).ok());
+  (*p0)->Flush();
+  (*p1)->Flush();
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  Json body = Json::parse(RegisterBody("tcp://127.0.0.1:" + std::to_string(port),
+                                       "tcp://127.0.0.1:" + std::to_string(replay), 0));
+  body["dp_ranks"] = 0;
+  std::string err = Error(Call(*svc, "POST", "/register", body.dump()));
+  EXPECT_NE(err.find("'dp_ranks'"), std::string::npos) << err;
+  Json overflow = body;
+  overflow["endpoint"] = "tcp://127.0.0.1:65535";
+  overflow["dp_ranks"] = 2;
+  err = Error(Call(*svc, "POST", "/register", overflow.dump()));
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 0u);  // nothing half-registered
+  body["dp_ranks"] = 2;
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/register", body.dump()))["status"], "registered successfully");
+  Json workers = Ok(Call(*svc, "GET", "/workers"))["workers"];
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[1]["dp_rank"], 1);
+  EXPECT_EQ(workers[1]["endpoint"], "tcp://127.0.0.1:" + std::to_string(port + 1));
+  EXPECT_EQ(workers[1]["replay_endpoint"], "tcp://127.0.0.1:" + std::to_string(replay + 1));
+  const Json want = Expected(3 * kBs, 3 * kBs, kBs, 0, {{"0", 3 * kBs}, {"1", kBs}});
+  ASSERT_TRUE(Eventually([&] {
+    return Json::parse(Call(*svc, "POST", "/query", QueryBody(4)).body) == want;
+  })) << Call(*svc, "POST", "/query", QueryBody(4)).body;
+  // The same request again is idempotent; unregister without dp_rank removes every rank.
+  EXPECT_EQ(Call(*svc, "POST", "/register", body.dump()).status, 200);
+  EXPECT_EQ(
+      Ok(Call(
+          *svc, "POST", "/unregister",
+          R"({"instance_id": "vllm-prefill-node1", "tenant_id": "default"})"))["removed_instances"],
+      Json::parse(R"(["vllm-prefill-node1|default|0", "vllm-prefill-node1|default|1"])"));
+  svc->Stop();
+  (*p0)->Shutdown();
+  (*p1)->Shutdown();
+}
+
 // A version-1 file (before registrations) gains the table at open, keeping its content.
 TEST_F(RouterApiTest, Version1FileIsMigrated) {
   const std::string path = dir_.path() + "/v1.sqlite";
