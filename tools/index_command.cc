@@ -402,6 +402,7 @@ Status RunDump(const std::string& db, const std::string& source, int64_t limit) 
     j["source"] = e.source;
     j["dp_rank"] = e.dp_rank;
     j["medium"] = e.medium;
+    if (!e.ownership.empty()) j["ownership"] = e.ownership;
     j["group"] = e.group;
     j["engine_hash"] = e.engine_hash;
     j["content_key"] = e.content_key;

@@ -456,6 +456,167 @@ TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
   (*p1)->Shutdown();
 }
 
+// vLLM's KVCR tier stores with "ownership": "kvcr": its copy is a residency of its own beside the
+// framework's copy of the same block on the same medium, and a removal matches the residency it
+// names (one naming kvcr never drops the framework's copy, nor the reverse). Held in memory, in
+// SQLite after compaction, and after a reopen; the tiered match counts either copy as CPU.
+EventBatch Owned(bool remove, std::vector<uint64_t> hashes, const char* ownership) {
+  std::vector<BlockHash> hs;
+  for (uint64_t h : hashes) hs.push_back(BlockHash::Uint(h));
+  EventBatch b{1700000000.0, {}, 0};
+  if (remove) {
+    BlockRemoved r;
+    r.block_hashes = hs;
+    r.medium = kMediumCpu;
+    if (ownership != nullptr) r.ownership = ownership;
+    b.events.push_back(r);
+  } else {
+    BlockStored st;
+    st.block_hashes = hs;
+    st.block_size = kBs;
+    st.medium = kMediumCpu;
+    if (ownership != nullptr) st.ownership = ownership;
+    b.events.push_back(st);
+  }
+  return b;
+}
+
+std::vector<std::string> HoldersOf(Indexer& idx, uint64_t hash) {
+  ScoreQuery q;
+  q.block_hashes = {hash};
+  auto ex = idx.Explain(q);
+  EXPECT_TRUE(ex.ok()) << ex.status().ToString();
+  std::vector<std::string> out;
+  if (!ex.ok()) return out;
+  for (const ExplainHolder& h : ex->blocks[0].holders) {
+    out.push_back(h.medium + (h.ownership.empty() ? "" : "/" + h.ownership) + " x" +
+                  std::to_string(h.refcount));
+  }
+  return out;
+}
+
+// SQL that turns a version-3 file back into the version-2 layout (blocks keyed without
+// ownership, event_log without it), as a file written by an older kvo has it.
+constexpr const char* kV2Layout =
+    "BEGIN; DROP VIEW block_entries; DROP INDEX blocks_keyless;"
+    "ALTER TABLE event_log DROP COLUMN ownership;"
+    "CREATE TABLE b2 (source_id INTEGER NOT NULL, dp_rank INTEGER NOT NULL, medium TEXT NOT "
+    "NULL, group_idx INTEGER NOT NULL, engine_hash INTEGER NOT NULL, refcount INTEGER NOT NULL,"
+    " parent_hash INTEGER, content_key INTEGER, block_size INTEGER NOT NULL, token_count "
+    "INTEGER NOT NULL, token_width INTEGER NOT NULL DEFAULT 0, token_ids BLOB, lora_name TEXT,"
+    " first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, first_seen REAL NOT NULL, "
+    "last_seen REAL NOT NULL, PRIMARY KEY (source_id, dp_rank, medium, group_idx, engine_hash))"
+    " WITHOUT ROWID;"
+    "INSERT INTO b2 SELECT source_id, dp_rank, medium, group_idx, engine_hash, refcount, "
+    "parent_hash, content_key, block_size, token_count, token_width, token_ids, lora_name, "
+    "first_seq, last_seq, first_seen, last_seen FROM blocks;"
+    "DROP TABLE blocks; ALTER TABLE b2 RENAME TO blocks;"
+    "CREATE INDEX blocks_keyless ON blocks (engine_hash) WHERE content_key IS NULL;"
+    "CREATE VIEW block_entries AS SELECT * FROM blocks;";
+
+TEST_F(RouterApiTest, OwnedCopiesAreTheirOwnResidency) {
+  const std::string path = dir_.path() + "/own.sqlite";
+  using V = std::vector<std::string>;
+  {
+    IndexerOptions o;
+    o.background_thread = false;
+    auto opened = Indexer::Open(path, o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Indexer& idx = **opened;
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 1, Owned(false, {1, 2, 3}, nullptr)).ok());
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 2, Owned(false, {1, 2}, "kvcr")).ok());
+    EXPECT_EQ(HoldersOf(idx, 1), (V{"CPU x1", "CPU/kvcr x1"}));
+    // KVCR drops block 3, which only the framework holds: an unknown removal, nothing changes.
+    auto out = idx.ApplyBatch("s", 0, 3, Owned(true, {3}, "kvcr"));
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(out->unknown_removals, 1);
+    EXPECT_EQ(HoldersOf(idx, 3), (V{"CPU x1"}));
+    // The framework drops block 1: KVCR's copy stays.
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 4, Owned(true, {1}, nullptr)).ok());
+    EXPECT_EQ(HoldersOf(idx, 1), (V{"CPU/kvcr x1"}));
+    ASSERT_TRUE(idx.Flush().ok());
+    ASSERT_TRUE(idx.Compact().ok());  // into `blocks`, keyed with ownership
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 5, Owned(true, {2}, "kvcr")).ok());  // stays in the log
+    ASSERT_TRUE(idx.Flush().ok());
+    EXPECT_EQ(HoldersOf(idx, 2), (V{"CPU x1"}));
+    bool saw_owned = false;
+    for (const MediumStats& m : idx.Stats().per_medium) saw_owned |= m.medium == "CPU/kvcr";
+    EXPECT_TRUE(saw_owned);
+  }
+  IndexerOptions o;
+  o.background_thread = false;
+  auto reopened = Indexer::Open(path, o);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  Indexer& idx = **reopened;
+  EXPECT_EQ(HoldersOf(idx, 1), (V{"CPU/kvcr x1"}));
+  EXPECT_EQ(HoldersOf(idx, 2), (V{"CPU x1"}));
+  EXPECT_EQ(HoldersOf(idx, 3), (V{"CPU x1"}));
+  // The router API's tiers: an owned CPU copy is CPU.
+  ScoreQuery q;
+  q.block_hashes = {1, 2, 3};
+  auto tiered = idx.Tiered(q);
+  ASSERT_TRUE(tiered.ok());
+  ASSERT_EQ(tiered->size(), 1u);
+  EXPECT_EQ((*tiered)[0].cpu, 3);
+}
+
+// A version-2 file (before ownership) is migrated at open: its entries keep their place as the
+// framework's copies (ownership ''), log rows not yet folded too, and owned copies then work.
+TEST_F(RouterApiTest, Version2FileIsMigrated) {
+  const std::string path = dir_.path() + "/v2.sqlite";
+  {
+    IndexerOptions o;
+    o.background_thread = false;
+    auto idx = Indexer::Open(path, o);
+    ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+    ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 1, Owned(false, {1, 2}, nullptr)).ok());
+    ASSERT_TRUE((*idx)->Flush().ok());
+    ASSERT_TRUE((*idx)->Compact().ok());
+    ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 2, Owned(false, {3}, nullptr)).ok());  // log only
+    ASSERT_TRUE((*idx)->Flush().ok());
+  }
+  // Back to the version-2 layout: blocks keyed without ownership, event_log without it.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  const int rc =
+      sqlite3_exec(db, (std::string(kV2Layout) + "PRAGMA user_version = 2; COMMIT;").c_str(),
+                   nullptr, nullptr, &err);
+  ASSERT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_close(db);
+  using V = std::vector<std::string>;
+  {
+    IndexerOptions o;
+    o.read_only = true;  // a read-only open reads a version-2 file as it is
+    auto ro = Indexer::Open(path, o);
+    ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+    EXPECT_EQ(HoldersOf(**ro, 3), (V{"CPU x1"}));
+  }
+  IndexerOptions o;
+  o.background_thread = false;
+  auto idx = Indexer::Open(path, o);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  EXPECT_EQ((*idx)->Stats().schema_version, 3);
+  EXPECT_EQ(*(*idx)->LastSequence("s", 0), 2u);
+  for (uint64_t h : {1, 2, 3}) EXPECT_EQ(HoldersOf(**idx, h), (V{"CPU x1"})) << h;
+  ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 3, Owned(false, {1}, "kvcr")).ok());
+  ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 4, Owned(true, {1}, nullptr)).ok());
+  ASSERT_TRUE((*idx)->Flush().ok());
+  ASSERT_TRUE((*idx)->Compact().ok());
+  EXPECT_EQ(HoldersOf(**idx, 1), (V{"CPU/kvcr x1"}));
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "SELECT ownership FROM block_entries WHERE engine_hash_hex = "
+                               "'0000000000000001'",
+                               -1, &q, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(q, 0)), "kvcr");
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+}
+
 // A version-1 file (before registrations) gains the table at open, keeping its content.
 TEST_F(RouterApiTest, Version1FileIsMigrated) {
   const std::string path = dir_.path() + "/v1.sqlite";
@@ -469,8 +630,11 @@ TEST_F(RouterApiTest, Version1FileIsMigrated) {
   }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE registrations; PRAGMA user_version = 1;", nullptr, nullptr,
-                         nullptr),
+  ASSERT_EQ(sqlite3_exec(db,
+                         (std::string(kV2Layout) +
+                          "DROP TABLE registrations; PRAGMA user_version = 1; COMMIT;")
+                             .c_str(),
+                         nullptr, nullptr, nullptr),
             SQLITE_OK);
   sqlite3_close(db);
   IndexerOptions o;
@@ -486,7 +650,7 @@ TEST_F(RouterApiTest, Version1FileIsMigrated) {
   ASSERT_TRUE(regs.ok());
   ASSERT_EQ(regs->size(), 1u);
   EXPECT_EQ((*regs)[0].name, "a@default@0");
-  EXPECT_EQ((*idx)->Stats().schema_version, 2);
+  EXPECT_EQ((*idx)->Stats().schema_version, Indexer::kSchemaVersion);
 }
 
 }  // namespace
