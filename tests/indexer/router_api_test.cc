@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <random>
@@ -383,6 +384,104 @@ TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
     }
   }
   EXPECT_GT(nontrivial, 0);
+}
+
+// The query parser reads the big list by hand (the fast path) and the rest through the JSON DOM;
+// on random bodies (key order, whitespace, nested extra keys holding brackets, quotes and escapes,
+// boundary integers) it answers exactly what the JSON itself says, and bodies the fast path must
+// not accept (floats, a key twice, a value out of range, escaped keys) get the DOM's verdict.
+// Seed printed.
+TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto ws = [&] {
+    static const char* kWs[] = {"", " ", "\n  ", "\t", "\r\n"};
+    return std::string(kWs[rng() % 5]);
+  };
+  const std::vector<std::string> extras = {R"("note": "a ] } [ { \" \\ string")",
+                                           R"("nested": {"a": [1, [2, {"b": "]"}]], "c": null})",
+                                           R"("flag": true)",
+                                           R"("n": -1.5e3)",
+                                           R"("lora_name": null)",
+                                           R"("cache_salt": "")"};
+  for (int round = 0; round < 300; ++round) {
+    const bool by_hash = rng() % 2 == 0;
+    const std::string key = by_hash ? (rng() % 2 ? "seq_hashes" : "block_hash") : "token_ids";
+    std::string list = "[" + ws();
+    const int n = static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      int64_t v;
+      switch (rng() % 5) {
+        case 0:
+          v = INT64_MAX;
+          break;
+        case 1:
+          v = INT64_MIN;
+          break;
+        case 2:
+          v = -static_cast<int64_t>(rng() % 1000);
+          break;
+        default:
+          v = static_cast<int64_t>(rng() % 200000);
+      }
+      list += (i ? "," + ws() : "") + std::to_string(v) + ws();
+    }
+    if (by_hash && rng() % 4 == 0) list += std::string(n ? "," : "") + "18446744073709551615";
+    list += "]";
+    std::vector<std::string> parts = {R"("model")" + ws() + ":" + ws() + R"("m")",
+                                      R"("block_size": 16)", "\"" + key + "\":" + ws() + list};
+    for (const std::string& e : extras) {
+      if (rng() % 2) parts.push_back(e);
+    }
+    std::shuffle(parts.begin(), parts.end(), rng);
+    std::string body = "{" + ws();
+    for (size_t i = 0; i < parts.size(); ++i) body += (i ? "," + ws() : "") + parts[i] + ws();
+    body += "}";
+    auto q = ParseRouterQuery(body, by_hash, 1000);
+    ASSERT_TRUE(q.ok()) << body << " -> " << q.status().ToString();
+    Json truth = Json::parse(body)[key];
+    if (by_hash) {
+      ASSERT_EQ(q->hashes.size(), truth.size()) << body;
+      for (size_t i = 0; i < truth.size(); ++i) {
+        const uint64_t want = truth[i].is_number_unsigned()
+                                  ? truth[i].get<uint64_t>()
+                                  : static_cast<uint64_t>(truth[i].get<int64_t>());
+        ASSERT_EQ(q->hashes[i], want) << body;
+      }
+    } else {
+      ASSERT_EQ(q->token_ids, truth.get<std::vector<int64_t>>()) << body;
+    }
+  }
+  struct Case {
+    const char* body;
+    bool ok;
+    const char* names;
+  };
+  const Case cases[] = {
+      {R"({"model": "m", "block_size": 16, "token_ids": [1, 2.5]})", false, "'token_ids[1]'"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1], "token_ids": [2, 3]})", true, ""},
+      {R"({"model": "m", "block_size": 16, "token_ids": [9223372036854775808]})", false,
+       "'token_ids[0]'"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [01]})", false, "invalid JSON"},
+      {R"({"model": "m", "block_size": 16, "tok\u0065n_ids": [7]})", true, ""},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1, 2, 3, 4, 5, 6]})", false,
+       "longer than 5"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1,]})", false, "invalid JSON"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1] )", false, "invalid JSON"},
+  };
+  for (const Case& c : cases) {
+    auto q = ParseRouterQuery(c.body, false, 5);
+    EXPECT_EQ(q.ok(), c.ok) << c.body << " -> " << q.status().ToString();
+    if (!c.ok && !q.ok()) {
+      EXPECT_NE(q.status().message().find(c.names), std::string::npos)
+          << c.body << " -> " << q.status().ToString();
+    }
+    if (c.ok && q.ok()) {
+      EXPECT_EQ(q->token_ids, Json::parse(c.body)["token_ids"].get<std::vector<int64_t>>())
+          << c.body;
+    }
+  }
 }
 
 // Two consecutive free ports (vLLM's DP rank offsets), or 0.
