@@ -38,7 +38,8 @@ namespace kvo {
 enum class EngineType { kVllm, kSglang };
 std::string_view EngineTypeName(EngineType t);
 
-// The API's media. vLLM's STORAGE is DISK here; other media names (e.g. "kvcr") take no part.
+// The API's media. vLLM's STORAGE is DISK here; other media names take no part. A copy a
+// secondary tier owns (ownership "kvcr" on medium CPU) counts under its medium.
 enum class RouterTier { kGpu, kCpu, kDisk, kOther };
 RouterTier RouterTierOf(std::string_view medium);
 
