@@ -2,9 +2,13 @@
 // autocommit INSERT per block event), Score latency for a 128k-token prompt (8192 blocks of 16)
 // over 100 sources with overlapping prefixes (baseline: one SQL lookup per block on the compacted
 // `blocks` table), and resident bytes per indexed entry (baseline: an unordered_map of vectors).
+#include <arpa/inet.h>
 #include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sqlite3.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,9 +17,12 @@
 #include <random>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "bench/bench.h"
 #include "common/file_system.h"
 #include "indexer/indexer.h"
+#include "indexer/service.h"
 
 namespace kvo::bench {
 namespace {
@@ -169,7 +176,7 @@ struct ScoringSetup {
 };
 
 ScoringSetup BuildScoring(Indexer& idx, size_t n_sources, size_t n_blocks, size_t noise,
-                          uint64_t* entries) {
+                          uint64_t* entries, const std::string& name_suffix = "") {
   ScoringSetup s;
   std::mt19937_64 rng(1234);
   s.prompt.resize(n_blocks * 16);
@@ -178,7 +185,7 @@ ScoringSetup BuildScoring(Indexer& idx, size_t n_sources, size_t n_blocks, size_
   for (uint64_t k : keys) s.hashes.push_back(k * 0x9E3779B97F4A7C15ull + 1);
   *entries = 0;
   for (size_t src = 0; src < n_sources; ++src) {
-    const std::string name = "engine-" + std::to_string(src);
+    const std::string name = "engine-" + std::to_string(src) + name_suffix;
     // Depth: a quarter hold the whole prompt, the rest a random prefix.
     const size_t depth = src % 4 == 0 ? n_blocks : rng() % n_blocks;
     s.depth.push_back(static_cast<int64_t>(depth));
@@ -384,11 +391,257 @@ int ScoreCase(const BenchOptions& o) {
   return wrong == 0 ? 0 : 1;
 }
 
+// A router's connection to the indexer: HTTP/1.1 keep-alive over loopback, one request at a time.
+class LoopbackHttp {
+ public:
+  explicit LoopbackHttp(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    int one = 1;
+    if (fd_ >= 0) ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  ~LoopbackHttp() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+  // The status code (0 on a transport failure); *body gets the answer.
+  int Post(const std::string& path, const std::string& payload, std::string* body) {
+    std::string req = "POST " + path +
+                      " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      "Content-Length: " +
+                      std::to_string(payload.size()) + "\r\n\r\n";
+    req += payload;
+    for (size_t off = 0; off < req.size();) {
+      const ssize_t n = ::send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return 0;
+      off += static_cast<size_t>(n);
+    }
+    size_t header_end;
+    while ((header_end = buf_.find("\r\n\r\n")) == std::string::npos) {
+      if (!Read()) return 0;
+    }
+    const std::string head = buf_.substr(0, header_end);
+    const int status = head.size() > 12 ? std::atoi(head.c_str() + 9) : 0;
+    size_t length = 0;
+    for (size_t pos = 0; pos < head.size();) {
+      size_t eol = head.find("\r\n", pos);
+      if (eol == std::string::npos) eol = head.size();
+      std::string line = head.substr(pos, eol - pos);
+      for (char& c : line) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (line.rfind("content-length:", 0) == 0)
+        length = std::strtoull(line.c_str() + 15, nullptr, 10);
+      pos = eol + 2;
+    }
+    while (buf_.size() < header_end + 4 + length) {
+      if (!Read()) return 0;
+    }
+    body->assign(buf_, header_end + 4, length);
+    buf_.erase(0, header_end + 4 + length);
+    return status;
+  }
+
+ private:
+  bool Read() {
+    char tmp[65536];
+    const ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n <= 0) return false;
+    buf_.append(tmp, static_cast<size_t>(n));
+    return true;
+  }
+  int fd_ = -1;
+  std::string buf_;
+};
+
+std::string P99Note(double value_us, double target_us) {
+  char b[96];
+  std::snprintf(b, sizeof b, "; target p99 < %.0f us %s", target_us,
+                value_us < target_us ? "[target met]" : "[below target]");
+  return b;
+}
+
+// The router API over loopback HTTP against the in-process tiered walk of the same index, same
+// run: /query_by_hash and /query for a 128k-token prompt (8192 blocks of 16) over 100 registered
+// instances; then /register of many sources (each a stream thread and a ZeroMQ SUB socket) and
+// /unregister of them, per-request latency.
+int RouterApiCase(const BenchOptions& o) {
+  ScopedTempDir dir("bench-router");
+  if (dir.path().empty()) return 1;
+  IndexerConfig cfg;
+  cfg.db = dir.path() + "/router.db";
+  cfg.http = "127.0.0.1:0";
+  cfg.max_query_tokens = 1 << 20;
+  ServiceOptions so;
+  so.index = BenchOptionsFor();
+  auto started = IndexerService::Start(cfg, so);
+  if (!started.ok()) {
+    std::fprintf(stderr, "router bench: %s\n", started.status().ToString().c_str());
+    return 1;
+  }
+  IndexerService& svc = **started;
+  LoopbackHttp http(svc.http_port());
+  if (!http.ok()) return 1;
+  const size_t n_sources = 100;
+  const size_t n_blocks = 8192;
+  const size_t noise = o.quick ? 512 : 8192;
+  // Endpoints nobody publishes on: the index is filled in process below (the same index the
+  // stream threads would fill), so only the query path is measured.
+  auto register_body = [](const std::string& id, int port) {
+    return R"({"endpoint": "tcp://127.0.0.1:)" + std::to_string(port) +
+           R"(", "type": "vLLM", "modelname": "bench", "instance_id": ")" + id +
+           R"(", "block_size": 16, "dp_rank": 0})";
+  };
+  std::string answer;
+  for (size_t i = 0; i < n_sources; ++i) {
+    if (http.Post("/register",
+                  register_body("engine-" + std::to_string(i), 40000 + static_cast<int>(i)),
+                  &answer) != 200) {
+      std::fprintf(stderr, "router bench: /register: %s\n", answer.c_str());
+      return 1;
+    }
+  }
+  uint64_t entries = 0;
+  const ScoringSetup s =
+      BuildScoring(svc.index(), n_sources, n_blocks, noise, &entries, "@default@0");
+  nlohmann::json qh = {{"model", "bench"}, {"block_size", 16}, {"seq_hashes", s.hashes}};
+  nlohmann::json qt = {{"model", "bench"}, {"block_size", 16}, {"token_ids", s.prompt}};
+  const std::string body_hash = qh.dump();
+  const std::string body_tokens = qt.dump();
+  // The answer is right: each instance's longest match is its held depth.
+  int64_t wrong = 0;
+  for (const std::string* body : {&body_hash, &body_tokens}) {
+    const int st = http.Post(body == &body_hash ? "/query_by_hash" : "/query", *body, &answer);
+    if (st != 200) {
+      std::fprintf(stderr, "router bench: HTTP %d: %.200s\n", st, answer.c_str());
+      return 1;
+    }
+    auto j = nlohmann::json::parse(answer)["default"];
+    if (j.size() != n_sources) ++wrong;
+    for (size_t i = 0; i < n_sources && j.size() == n_sources; ++i) {
+      wrong +=
+          j["engine-" + std::to_string(i)]["longest_matched"].get<int64_t>() != s.depth[i] * 16;
+    }
+  }
+  const int iters = o.quick ? 20 : 300;
+  auto time_http = [&](const char* path, const std::string& body, std::vector<double>* lat) {
+    for (int i = 0; i < iters; ++i) {
+      const auto a = Clk::now();
+      const int st = http.Post(path, body, &answer);
+      lat->push_back(Seconds(a, Clk::now()) * 1e6);
+      if (st != 200) return false;
+    }
+    return true;
+  };
+  auto time_inproc = [&](const ScoreQuery& q, std::vector<double>* lat) {
+    for (int i = 0; i < iters; ++i) {
+      const auto a = Clk::now();
+      auto r = svc.index().Tiered(q);
+      lat->push_back(Seconds(a, Clk::now()) * 1e6);
+      if (!r.ok() || r->size() != n_sources) return false;
+    }
+    return true;
+  };
+  ScoreQuery by_hash;
+  by_hash.block_hashes = s.hashes;
+  ScoreQuery by_tokens;
+  by_tokens.token_ids = s.prompt;
+  by_tokens.block_size = 16;
+  std::vector<double> h_http, t_http, h_in, t_in;
+  if (!time_inproc(by_hash, &h_in) || !time_http("/query_by_hash", body_hash, &h_http) ||
+      !time_inproc(by_tokens, &t_in) || !time_http("/query", body_tokens, &t_http)) {
+    return 1;
+  }
+  char notes[400];
+  for (int k = 0; k < 2; ++k) {
+    const bool tokens = k == 1;
+    for (double p : {50.0, 99.0}) {
+      BenchResult r;
+      r.area = "indexer";
+      r.name =
+          std::string(tokens ? "router_query_128k_tokens" : "router_query_by_hash_8192_blocks") +
+          "_100_instances_http_" + (p == 50 ? "p50" : "p99");
+      r.unit = "us";
+      r.value = Percentile(tokens ? t_http : h_http, p);
+      r.baseline_name = "in-process tiered walk (Indexer::Tiered), same index";
+      r.baseline = Percentile(tokens ? t_in : h_in, p);
+      std::snprintf(notes, sizeof notes,
+                    "POST %s over loopback keep-alive HTTP, request body %zu bytes, parse + scope "
+                    "+ walk + render; %lld wrong answers; lower is better%s",
+                    tokens ? "/query" : "/query_by_hash", (tokens ? body_tokens : body_hash).size(),
+                    static_cast<long long>(wrong), p == 99 ? P99Note(r.value, 1000).c_str() : "");
+      r.notes = notes;
+      PrintResult(r, o);
+    }
+  }
+  // /register and /unregister of many sources, one request each (each starts / stops and joins a
+  // stream thread; unregister also clears the source's entries). Baseline: GET /health on the
+  // same connection (the server's round trip).
+  const size_t n_reg = o.quick ? 50 : 1000;
+  std::vector<double> reg, unreg, health;
+  for (size_t i = 0; i < n_reg; ++i) {
+    const auto a = Clk::now();
+    const int st = http.Post(
+        "/register", register_body("r-" + std::to_string(i), 41000 + static_cast<int>(i)), &answer);
+    reg.push_back(Seconds(a, Clk::now()) * 1e6);
+    if (st != 200) {
+      std::fprintf(stderr, "router bench: /register: %s\n", answer.c_str());
+      return 1;
+    }
+  }
+  for (size_t i = 0; i < n_reg; ++i) {
+    const auto a = Clk::now();
+    const int st =
+        http.Post("/unregister", R"({"instance_id": "r-)" + std::to_string(i) + R"("})", &answer);
+    unreg.push_back(Seconds(a, Clk::now()) * 1e6);
+    if (st != 200) {
+      std::fprintf(stderr, "router bench: /unregister: %s\n", answer.c_str());
+      return 1;
+    }
+  }
+  for (size_t i = 0; i < 200; ++i) {
+    const auto a = Clk::now();
+    // GET as a POST-less request: the round trip of a trivial route.
+    const int st = http.Post("/query_by_hash",
+                             R"({"model": "bench", "block_size": 16, "seq_hashes": []})", &answer);
+    health.push_back(Seconds(a, Clk::now()) * 1e6);
+    if (st != 200) return 1;
+  }
+  for (int k = 0; k < 2; ++k) {
+    const std::vector<double>& lat = k == 0 ? reg : unreg;
+    for (double p : {50.0, 99.0}) {
+      BenchResult r;
+      r.area = "indexer";
+      r.name = std::string(k == 0 ? "router_register" : "router_unregister") + "_" +
+               std::to_string(n_reg) + "_sources_http_" + (p == 50 ? "p50" : "p99");
+      r.unit = "us";
+      r.value = Percentile(lat, p);
+      r.baseline_name = "empty /query_by_hash round trip, same connection";
+      r.baseline = Percentile(health, p);
+      std::snprintf(notes, sizeof notes,
+                    "one request per source (%s), %zu sources beside the 100 queried ones; lower "
+                    "is better%s",
+                    k == 0 ? "stored in SQLite, stream thread started"
+                           : "stream thread joined, entries cleared, row deleted",
+                    n_reg, p == 99 ? P99Note(r.value, 50'000).c_str() : "");
+      r.notes = notes;
+      PrintResult(r, o);
+    }
+  }
+  svc.Stop();
+  return wrong == 0 ? 0 : 1;
+}
 }  // namespace
 
 int RunIndexerBench(const BenchOptions& options) {
   int rc = IngestCase(options);
   rc |= ScoreCase(options);
+  rc |= RouterApiCase(options);
   return rc;
 }
 

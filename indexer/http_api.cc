@@ -220,6 +220,7 @@ std::string RenderExplainResponse(const ExplainResult& result, int64_t query_tok
       hj["source"] = h.source;
       hj["dp_rank"] = h.dp_rank;
       hj["medium"] = h.medium;
+      if (!h.ownership.empty()) hj["ownership"] = h.ownership;
       hj["group"] = h.group;
       hj["refcount"] = h.refcount;
       hj["since_seq"] = h.since_seq;

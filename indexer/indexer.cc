@@ -40,6 +40,58 @@ constexpr char kSchemaSql[] =
 constexpr char kMigrateV1ToV2[] =
     "CREATE TABLE registrations (name TEXT PRIMARY KEY, body TEXT NOT NULL, "
     "created_at REAL NOT NULL) WITHOUT ROWID; PRAGMA user_version = 2;";
+// Version 2 -> 3: `ownership` in event_log and blocks, part of the blocks key (a secondary tier's
+// own copy is its own residency). Old rows are the framework's copies: ownership ''. blocks is
+// rebuilt (its primary key changes); its index and the audit view are recreated.
+constexpr char kMigrateV2ToV3[] =
+    "ALTER TABLE event_log ADD COLUMN ownership TEXT NOT NULL DEFAULT ''; "
+    "DROP VIEW block_entries; DROP INDEX blocks_keyless; "
+    "ALTER TABLE blocks RENAME TO blocks_v2; "
+    "CREATE TABLE blocks (source_id INTEGER NOT NULL, dp_rank INTEGER NOT NULL, "
+    "medium TEXT NOT NULL, ownership TEXT NOT NULL DEFAULT '', group_idx INTEGER NOT NULL, "
+    "engine_hash INTEGER NOT NULL, refcount INTEGER NOT NULL, parent_hash INTEGER, "
+    "content_key INTEGER, block_size INTEGER NOT NULL, token_count INTEGER NOT NULL, "
+    "token_width INTEGER NOT NULL DEFAULT 0, token_ids BLOB, lora_name TEXT, "
+    "first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, first_seen REAL NOT NULL, "
+    "last_seen REAL NOT NULL, "
+    "PRIMARY KEY (source_id, dp_rank, medium, ownership, group_idx, engine_hash)) WITHOUT ROWID; "
+    "INSERT INTO blocks (source_id, dp_rank, medium, ownership, group_idx, engine_hash, refcount, "
+    "parent_hash, content_key, block_size, token_count, token_width, token_ids, lora_name, "
+    "first_seq, last_seq, first_seen, last_seen) "
+    "SELECT source_id, dp_rank, medium, '', group_idx, engine_hash, refcount, parent_hash, "
+    "content_key, block_size, token_count, token_width, token_ids, lora_name, first_seq, "
+    "last_seq, first_seen, last_seen FROM blocks_v2; "
+    "DROP TABLE blocks_v2; "
+    "CREATE INDEX blocks_keyless ON blocks (engine_hash) WHERE content_key IS NULL; "
+    "CREATE VIEW block_entries AS "
+    "SELECT s.name AS source, b.dp_rank, b.medium, b.ownership, b.group_idx, "
+    "printf('%016x', b.engine_hash) AS engine_hash_hex, "
+    "printf('%016x', b.content_key) AS content_key_hex, "
+    "printf('%016x', b.parent_hash) AS parent_hash_hex, "
+    "b.refcount, b.block_size, b.token_count, b.lora_name, b.first_seq, b.last_seq, "
+    "datetime(b.first_seen, 'unixepoch') AS first_seen_utc, "
+    "datetime(b.last_seen, 'unixepoch') AS last_seen_utc "
+    "FROM blocks b JOIN sources s USING (source_id); "
+    "PRAGMA user_version = 3;";
+
+// The in-memory key of a residency: the medium, or for a copy a secondary tier owns (vLLM's
+// `ownership`, e.g. "kvcr") the medium and the owner, apart from the framework's copy.
+constexpr char kOwnerSep = '\x1f';
+std::string ResidencyKey(const std::string& medium, const std::string& ownership) {
+  return ownership.empty() ? medium : medium + kOwnerSep + ownership;
+}
+std::string MediumOfKey(const std::string& key) { return key.substr(0, key.find(kOwnerSep)); }
+std::string OwnershipOfKey(const std::string& key) {
+  const size_t sep = key.find(kOwnerSep);
+  return sep == std::string::npos ? std::string() : key.substr(sep + 1);
+}
+// How scores and stats name a residency: "CPU", or "CPU/kvcr" for an owned copy.
+std::string ResidencyDisplay(const std::string& key) {
+  std::string out = key;
+  const size_t sep = out.find(kOwnerSep);
+  if (sep != std::string::npos) out[sep] = '/';
+  return out;
+}
 
 enum RowKind : int64_t { kStore = 1, kRemove = 2, kClearAll = 3 };
 
@@ -175,6 +227,7 @@ struct LogRow {
   double seen_at = 0;
   int64_t kind = kStore;
   std::string medium;
+  std::string ownership;  // "" = the framework's copy
   int64_t group = 0;
   int64_t block_size = 0;
   std::optional<std::string> lora_name;
@@ -244,6 +297,8 @@ double DefaultWeight(const std::string& medium) {
 struct Indexer::Impl {
   std::string path;
   IndexerOptions opt;
+  // The file's schema version after Open's migrations (older only when opened read-only).
+  int64_t file_version = Indexer::kSchemaVersion;
   Clock* clock = nullptr;
   sqlite3* db = nullptr;
 
@@ -409,6 +464,9 @@ Status Indexer::Impl::OpenDb() {
     Stmt v;
     KVO_RETURN_IF_ERROR(v.Prepare(db, "PRAGMA user_version"));
     const int64_t version = v.Step() == SQLITE_ROW ? v.ColInt(0) : 0;
+    // No statement may stay active across the migrations (DROP needs the schema unlocked).
+    a.Reset();
+    v.Reset();
     if (app_id != kApplicationId) {
       std::string names;
       for (size_t i = 0; i < tables.size() && i < 8; ++i) names += (i ? ", " : "") + tables[i];
@@ -433,6 +491,16 @@ Status Indexer::Impl::OpenDb() {
     if (version == 1 && !opt.read_only) {
       KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
       Status s = Exec(db, kMigrateV1ToV2, path);
+      if (!s.ok()) {
+        (void)Exec(db, "ROLLBACK", path);
+        return s;
+      }
+      KVO_RETURN_IF_ERROR(Exec(db, "COMMIT", path));
+    }
+    file_version = opt.read_only ? version : Indexer::kSchemaVersion;
+    if (version <= 2 && !opt.read_only) {
+      KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
+      Status s = Exec(db, kMigrateV2ToV3, path);
       if (!s.ok()) {
         (void)Exec(db, "ROLLBACK", path);
         return s;
@@ -478,8 +546,8 @@ Status Indexer::Impl::Prepare() {
   KVO_RETURN_IF_ERROR(ins_log.Prepare(
       db,
       "INSERT INTO event_log (source_id, dp_rank, seq, ts, seen_at, kind, medium, group_idx, "
-      "block_size, lora_name, parent_hash, hashes, content_keys, token_width, token_ids) "
-      "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+      "block_size, lora_name, parent_hash, hashes, content_keys, token_width, token_ids, "
+      "ownership) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
   KVO_RETURN_IF_ERROR(up_stream.Prepare(
       db,
       "INSERT INTO streams (source_id, dp_rank, last_seq, last_event_ts, updated_at) "
@@ -489,15 +557,16 @@ Status Indexer::Impl::Prepare() {
   KVO_RETURN_IF_ERROR(sel_log.Prepare(
       db,
       "SELECT id, source_id, dp_rank, seq, ts, seen_at, kind, medium, group_idx, block_size, "
-      "lora_name, parent_hash, hashes, content_keys, token_width, token_ids FROM event_log "
+      "lora_name, parent_hash, hashes, content_keys, token_width, token_ids, ownership FROM "
+      "event_log "
       "ORDER BY id LIMIT ?"));
   KVO_RETURN_IF_ERROR(ups_block.Prepare(
       db,
       "INSERT INTO blocks (source_id, dp_rank, medium, group_idx, engine_hash, refcount, "
       "parent_hash, content_key, block_size, token_count, token_width, token_ids, lora_name, "
-      "first_seq, last_seq, first_seen, last_seen) "
-      "VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-      "ON CONFLICT (source_id, dp_rank, medium, group_idx, engine_hash) DO UPDATE SET "
+      "first_seq, last_seq, first_seen, last_seen, ownership) "
+      "VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+      "ON CONFLICT (source_id, dp_rank, medium, ownership, group_idx, engine_hash) DO UPDATE SET "
       "refcount = refcount + 1, last_seq = excluded.last_seq, last_seen = excluded.last_seen, "
       "content_key = coalesce(blocks.content_key, excluded.content_key), "
       "token_width = CASE WHEN blocks.token_ids IS NULL THEN excluded.token_width "
@@ -510,13 +579,14 @@ Status Indexer::Impl::Prepare() {
   KVO_RETURN_IF_ERROR(dec_block.Prepare(
       db,
       "UPDATE blocks SET refcount = refcount - 1 WHERE source_id = ? AND dp_rank = ? AND "
-      "medium = ? AND group_idx = ? AND engine_hash = ?"));
+      "medium = ? AND group_idx = ? AND engine_hash = ? AND ownership = ?"));
   KVO_RETURN_IF_ERROR(del_block.Prepare(
       db,
       "DELETE FROM blocks WHERE source_id = ? AND dp_rank = ? AND medium = ? AND group_idx = ? "
-      "AND engine_hash = ? AND refcount <= 0"));
+      "AND engine_hash = ? AND ownership = ? AND refcount <= 0"));
   KVO_RETURN_IF_ERROR(clr_block.Prepare(
-      db, "DELETE FROM blocks WHERE source_id = ? AND dp_rank = ? AND medium = ?"));
+      db,
+      "DELETE FROM blocks WHERE source_id = ? AND dp_rank = ? AND medium = ? AND ownership = ''"));
   KVO_RETURN_IF_ERROR(set_ck.Prepare(
       db, "UPDATE blocks SET content_key = ? WHERE engine_hash = ? AND content_key IS NULL"));
   KVO_RETURN_IF_ERROR(del_log.Prepare(db, "DELETE FROM event_log WHERE id <= ?"));
@@ -551,6 +621,7 @@ LogRow ReadLogRow(Stmt& st, int64_t* id) {
   r.hashes = DecodeU64s(st.ColBlob(12));
   r.content_keys = DecodeU64s(st.ColBlob(13));
   r.token_ids = DecodeTokens(st.ColBlob(15), static_cast<int>(st.ColInt(14)));
+  r.ownership = st.ColText(16);
   if (r.kind == kStore) r.content_keys.resize(r.hashes.size(), 0);
   return r;
 }
@@ -601,14 +672,17 @@ Status Indexer::Impl::Load() {
   }
   {
     Stmt q;
-    KVO_RETURN_IF_ERROR(q.Prepare(db,
-                                  "SELECT source_id, dp_rank, medium, group_idx, engine_hash, "
-                                  "refcount, content_key, block_size, first_seq FROM blocks"));
+    // A version-2 file opened read-only has no ownership column: its rows are all ''.
+    const std::string own = file_version >= 3 ? "ownership" : "''";
+    KVO_RETURN_IF_ERROR(q.Prepare(db, ("SELECT source_id, dp_rank, medium, group_idx, engine_hash, "
+                                       "refcount, content_key, block_size, first_seq, " +
+                                       own + " FROM blocks")
+                                          .c_str()));
     int rc;
     while ((rc = q.Step()) == SQLITE_ROW) {
       if (cleared(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1))) continue;
       const uint32_t inst = mem.InstanceId(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1));
-      const uint32_t medium = mem.MediumId(q.ColText(2));
+      const uint32_t medium = mem.MediumId(ResidencyKey(q.ColText(2), q.ColText(9)));
       const uint32_t group = mem.GroupId(q.ColInt(3));
       if (inst == UINT32_MAX || medium == UINT32_MAX || group == UINT32_MAX) {
         return Status::OutOfRange("index '" + path + "': too many instances, media or groups");
@@ -624,11 +698,12 @@ Status Indexer::Impl::Load() {
   }
   {
     Stmt q;
+    const std::string own = file_version >= 3 ? "ownership" : "''";
     KVO_RETURN_IF_ERROR(q.Prepare(
-        db,
-        "SELECT id, source_id, dp_rank, seq, ts, seen_at, kind, medium, group_idx, block_size, "
-        "lora_name, parent_hash, hashes, content_keys, token_width, token_ids FROM event_log "
-        "ORDER BY id"));
+        db, ("SELECT id, source_id, dp_rank, seq, ts, seen_at, kind, medium, group_idx, "
+             "block_size, lora_name, parent_hash, hashes, content_keys, token_width, token_ids, " +
+             own + " FROM event_log ORDER BY id")
+                .c_str()));
     int rc;
     int64_t rows = 0;
     while ((rc = q.Step()) == SQLITE_ROW) {
@@ -655,7 +730,7 @@ Status Indexer::Impl::Load() {
 
 void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
   const uint32_t inst = mem.InstanceId(row.source_id, row.dp_rank);
-  const uint32_t medium = mem.MediumId(row.medium);
+  const uint32_t medium = mem.MediumId(ResidencyKey(row.medium, row.ownership));
   const uint32_t group = mem.GroupId(row.group);
   if (inst == UINT32_MAX || medium == UINT32_MAX || group == UINT32_MAX) return;  // checked before
   ++counters.events;
@@ -833,6 +908,7 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
         if (const auto* st = std::get_if<BlockStored>(&ev)) {
           r.kind = kStore;
           r.medium = st->medium.value_or(kMediumGpu);
+          r.ownership = st->ownership.value_or("");
           r.group = st->group_idx.value_or(0);
           r.block_size = st->block_size;
           r.lora_name = st->lora_name;
@@ -843,6 +919,7 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
         } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
           r.kind = kRemove;
           r.medium = rm->medium.value_or(kMediumGpu);
+          r.ownership = rm->ownership.value_or("");
           r.group = rm->group_idx.value_or(0);
           r.hashes.reserve(rm->block_hashes.size());
           for (const BlockHash& h : rm->block_hashes) r.hashes.push_back(h.Low64());
@@ -850,13 +927,21 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
           r.kind = kClearAll;
           r.medium = kMediumGpu;
         }
-        if (r.medium.size() > indexer_internal::kMaxMediumNameBytes) {
-          return Status::InvalidArgument("source '" + std::string(source) + "': a medium name of " +
-                                         std::to_string(r.medium.size()) + " bytes (at most " +
+        const std::string key = ResidencyKey(r.medium, r.ownership);
+        if (key.size() > indexer_internal::kMaxMediumNameBytes) {
+          return Status::InvalidArgument("source '" + std::string(source) + "': a medium name" +
+                                         (r.ownership.empty() ? "" : " and ownership") + " of " +
+                                         std::to_string(key.size()) + " bytes (at most " +
                                          std::to_string(indexer_internal::kMaxMediumNameBytes) +
                                          "); batch refused");
         }
-        if (d.mem.FindMedium(r.medium) == UINT32_MAX) new_media.insert(r.medium);
+        if (r.medium.find(kOwnerSep) != std::string::npos ||
+            r.ownership.find(kOwnerSep) != std::string::npos) {
+          return Status::InvalidArgument("source '" + std::string(source) +
+                                         "': a medium or ownership name holds a control "
+                                         "character (0x1f); batch refused");
+        }
+        if (d.mem.FindMedium(key) == UINT32_MAX) new_media.insert(key);
         if (d.mem.FindGroup(r.group) == UINT32_MAX) new_groups.insert(r.group);
         if (d.mem.medium_count() + new_media.size() > indexer_internal::kMaxMedia ||
             d.mem.group_count() + new_groups.size() > indexer_internal::kMaxGroups) {
@@ -879,7 +964,8 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
       }
       for (LogRow& r : rows) {
         r.source_id = sid;
-        if (d.mem.MediumId(r.medium) == UINT32_MAX || d.mem.GroupId(r.group) == UINT32_MAX) {
+        if (d.mem.MediumId(ResidencyKey(r.medium, r.ownership)) == UINT32_MAX ||
+            d.mem.GroupId(r.group) == UINT32_MAX) {
           return Status::Internal("medium/group registry refused a validated batch");
         }
       }
@@ -1053,6 +1139,7 @@ Status Indexer::Impl::Commit(const Taken& t) {
     ins_log.Blob(13, keys.data(), keys.size());
     ins_log.Int(14, width);
     ins_log.Blob(15, tokens.data(), tokens.size());
+    ins_log.Text(16, r.ownership);
     const int rc = ins_log.Step();
     ins_log.Reset();
     if (rc != SQLITE_DONE) return fail("appending to event_log");
@@ -1124,6 +1211,7 @@ Status Indexer::Impl::FoldRow(const LogRow& r) {
       ups_block.U64(14, r.seq);
       ups_block.Real(15, r.seen_at);
       ups_block.Real(16, r.seen_at);
+      ups_block.Text(17, r.ownership);
       KVO_RETURN_IF_ERROR(done(ups_block, "folding a store"));
       if (r.content_keys[i] != 0) {
         set_ck.U64(1, r.content_keys[i]);
@@ -1139,6 +1227,7 @@ Status Indexer::Impl::FoldRow(const LogRow& r) {
         st->Text(3, r.medium);
         st->Int(4, r.group);
         st->U64(5, h);
+        st->Text(6, r.ownership);
         KVO_RETURN_IF_ERROR(done(*st, "folding a removal"));
       }
     }
@@ -1434,13 +1523,15 @@ Status Indexer::Impl::ClearSql(const ClearKey& key, int64_t fold_upto) {
   // Each step deletes the first kClearDeleteRows rows of the stream in key order: the boundary
   // key is found through the primary key, then a range delete (an IN (subquery) form made SQLite
   // visit every row of the stream per step: quadratic).
-  const std::string cols = key.rank.has_value() ? "medium, group_idx, engine_hash"
-                                                : "dp_rank, medium, group_idx, engine_hash";
-  const int ncols = key.rank.has_value() ? 3 : 4;
+  // The primary key's order (schema v3: ownership after medium).
+  const std::string cols = key.rank.has_value()
+                               ? "medium, ownership, group_idx, engine_hash"
+                               : "dp_rank, medium, ownership, group_idx, engine_hash";
+  const int ncols = key.rank.has_value() ? 4 : 5;
   const std::string sel_bound = "SELECT " + cols + " FROM blocks WHERE " + where + " ORDER BY " +
                                 cols + " LIMIT 1 OFFSET " + std::to_string(kClearDeleteRows - 1);
   const std::string del_upto = "DELETE FROM blocks WHERE " + where + " AND (" + cols + ") <= (" +
-                               (ncols == 3 ? "?, ?, ?" : "?, ?, ?, ?") + ")";
+                               (ncols == 4 ? "?, ?, ?, ?" : "?, ?, ?, ?, ?") + ")";
   const std::string del_rest = "DELETE FROM blocks WHERE " + where;
   for (;;) {
     MutexLock db_lock(&db_mu);
@@ -1460,8 +1551,9 @@ Status Indexer::Impl::ClearSql(const ClearKey& key, int64_t fold_upto) {
       if (!key.rank) st.Int(i++, b.ColInt(0));
       const int off = key.rank ? 0 : 1;
       st.Text(i++, b.ColText(off));
-      st.Int(i++, b.ColInt(off + 1));
+      st.Text(i++, b.ColText(off + 1));
       st.Int(i++, b.ColInt(off + 2));
+      st.Int(i++, b.ColInt(off + 3));
     } else if (rc == SQLITE_DONE) {
       last = true;
       KVO_RETURN_IF_ERROR(st.Prepare(db, del_rest.c_str()));
@@ -1634,9 +1726,12 @@ Result<ScoreResult> Indexer::Impl::ScoreLocked(const ScoreQuery& q, std::vector<
   // Streams without a sequence (cleared) and no entries are not reported.
   std::vector<double> weights(mem.medium_count());
   for (size_t m = 0; m < weights.size(); ++m) {
-    const std::string& name = mem.MediumName(static_cast<uint32_t>(m));
-    auto it = q.weights.find(name);
-    weights[m] = it != q.weights.end() ? it->second : DefaultWeight(name);
+    const std::string& key = mem.MediumName(static_cast<uint32_t>(m));
+    const std::string medium = MediumOfKey(key);
+    // A weight given for "CPU/kvcr" applies to that residency; one for "CPU" to every CPU copy.
+    auto it = q.weights.find(ResidencyDisplay(key));
+    if (it == q.weights.end()) it = q.weights.find(medium);
+    weights[m] = it != q.weights.end() ? it->second : DefaultWeight(medium);
   }
   int64_t first_bs = 0;
   std::vector<indexer_internal::ScoreCounts> counts = mem.Score(
@@ -1657,7 +1752,8 @@ Result<ScoreResult> Indexer::Impl::ScoreLocked(const ScoreQuery& q, std::vector<
     s.prefix_tokens = c.depth * block_size;
     for (size_t m = 0; m < c.present.size(); ++m) {
       if (c.present[m] > 0)
-        s.blocks_per_medium[mem.MediumName(static_cast<uint32_t>(m))] = c.present[m];
+        s.blocks_per_medium[ResidencyDisplay(mem.MediumName(static_cast<uint32_t>(m)))] =
+            c.present[m];
       s.score += weights[m] * static_cast<double>(c.best[m]);
     }
     res.instances.push_back(std::move(s));
@@ -1698,7 +1794,7 @@ Result<std::vector<Indexer::TieredMatch>> Indexer::Tiered(const ScoreQuery& quer
   }
   std::vector<uint8_t> tiers(d.mem.medium_count(), 3);
   for (size_t m = 0; m < tiers.size(); ++m) {
-    const std::string& name = d.mem.MediumName(static_cast<uint32_t>(m));
+    const std::string name = MediumOfKey(d.mem.MediumName(static_cast<uint32_t>(m)));
     if (name == "GPU") {
       tiers[m] = 0;
     } else if (name == "CPU") {
@@ -1750,7 +1846,8 @@ Result<ExplainResult> Indexer::Explain(const ScoreQuery& query) const {
         const uint32_t sid = d.mem.InstanceSource(h.instance);
         x.source = d.source_names[sid - 1];
         x.dp_rank = d.mem.InstanceRank(h.instance);
-        x.medium = d.mem.MediumName(h.medium);
+        x.medium = MediumOfKey(d.mem.MediumName(h.medium));
+        x.ownership = OwnershipOfKey(d.mem.MediumName(h.medium));
         x.group = d.mem.GroupValue(h.group);
         x.refcount = h.refcount;
         x.since_seq = h.since_seq;
@@ -1758,8 +1855,8 @@ Result<ExplainResult> Indexer::Explain(const ScoreQuery& query) const {
       }
       std::sort(b.holders.begin(), b.holders.end(),
                 [](const ExplainHolder& a, const ExplainHolder& c) {
-                  return std::tie(a.source, a.dp_rank, a.medium, a.group) <
-                         std::tie(c.source, c.dp_rank, c.medium, c.group);
+                  return std::tie(a.source, a.dp_rank, a.medium, a.ownership, a.group) <
+                         std::tie(c.source, c.dp_rank, c.medium, c.ownership, c.group);
                 });
     }
     out.blocks.push_back(std::move(b));
@@ -1802,7 +1899,7 @@ IndexerStats Indexer::Stats() const {
         MediumStats ms;
         ms.source = d.source_names[d.mem.InstanceSource(inst) - 1];
         ms.dp_rank = d.mem.InstanceRank(inst);
-        ms.medium = d.mem.MediumName(m);
+        ms.medium = ResidencyDisplay(d.mem.MediumName(m));
         ms.blocks = per[inst][m];
         st.per_medium.push_back(std::move(ms));
       }
@@ -1864,7 +1961,8 @@ void Indexer::Dump(const std::function<bool(const DumpEntry&)>& fn) const {
     DumpEntry e;
     e.source = (*names)[mem->InstanceSource(inst) - 1];
     e.dp_rank = mem->InstanceRank(inst);
-    e.medium = mem->MediumName(medium);
+    e.medium = MediumOfKey(mem->MediumName(medium));
+    e.ownership = OwnershipOfKey(mem->MediumName(medium));
     e.group = mem->GroupValue(group);
     e.engine_hash = mem->NodeEngineHash(node);
     e.content_key = mem->NodeContentKey(node);
@@ -1874,8 +1972,8 @@ void Indexer::Dump(const std::function<bool(const DumpEntry&)>& fn) const {
     all.push_back(std::move(e));
   });
   std::sort(all.begin(), all.end(), [](const DumpEntry& a, const DumpEntry& b) {
-    return std::tie(a.source, a.dp_rank, a.medium, a.group, a.engine_hash) <
-           std::tie(b.source, b.dp_rank, b.medium, b.group, b.engine_hash);
+    return std::tie(a.source, a.dp_rank, a.medium, a.ownership, a.group, a.engine_hash) <
+           std::tie(b.source, b.dp_rank, b.medium, b.ownership, b.group, b.engine_hash);
   });
   for (const DumpEntry& e : all) {
     if (!fn(e)) break;

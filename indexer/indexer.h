@@ -141,6 +141,7 @@ struct ExplainHolder {
   std::string source;
   int64_t dp_rank = 0;
   std::string medium;
+  std::string ownership;  // a secondary tier's own copy (vLLM's `ownership`); "" = framework
   int64_t group = 0;
   int64_t refcount = 0;
   uint64_t since_seq = 0;  // sequence of the store that made the stream hold it
@@ -170,7 +171,7 @@ struct ExplainResult {
 struct MediumStats {
   std::string source;
   int64_t dp_rank = 0;
-  std::string medium;
+  std::string medium;  // the residency: "CPU", or "CPU/kvcr" for a copy owned by "kvcr"
   int64_t blocks = 0;  // held entries in memory (distinct engine hash x group)
 };
 
@@ -224,6 +225,7 @@ struct DumpEntry {
   std::string source;
   int64_t dp_rank = 0;
   std::string medium;
+  std::string ownership;  // "" = the framework's copy
   int64_t group = 0;
   uint64_t engine_hash = 0;
   uint64_t content_key = 0;  // 0: not content-keyed (placeholder without a known origin)
@@ -241,7 +243,7 @@ struct StoredRegistration {
 class Indexer {
  public:
   // The schema version this build writes (PRAGMA user_version).
-  static constexpr int64_t kSchemaVersion = 2;
+  static constexpr int64_t kSchemaVersion = 3;
 
   // Opens (or creates) the index at `path`. Refuses, with a Corruption / FailedPrecondition error
   // naming the file and the reason, a file that is not SQLite, is corrupt, belongs to another

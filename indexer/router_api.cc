@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 
 #include "common/json.h"
 #include "events/kv_events_config.h"
@@ -17,6 +18,7 @@ using OJson = nlohmann::ordered_json;
 
 constexpr int64_t kMaxBlockSize = 1 << 20;
 constexpr int64_t kMaxRank = 1 << 16;
+constexpr int64_t kMaxRanksPerRequest = 1024;
 
 Status Bad(const std::string& what) { return Status::InvalidArgument(what); }
 
@@ -180,6 +182,151 @@ Result<std::vector<uint64_t>> Hashes(const json& v, const char* key) {
   return out;
 }
 
+// The fast path for the one big list of a query (token_ids / seq_hashes / block_hash): a
+// 128k-token prompt is ~0.9 MB of JSON, and building nlohmann's DOM of 131 072 numbers costs
+// milliseconds. This scanner walks the top-level object once, reads the list of plain integers
+// straight into `out`, and returns the body with that list replaced by [] for the ordinary parser
+// (which then checks every other field exactly as before). Anything it does not expect (escapes
+// in keys, the key twice, a non-integer element, an integer out of range, more than max_items
+// elements, malformed text) makes it give up: the ordinary parser then handles the whole body and
+// produces the same answer or error as without this path.
+struct BigList {
+  std::string rest;              // the body with the list replaced by []
+  std::vector<uint64_t> values;  // as 64-bit patterns (negative int64 two's complement)
+  std::string key;
+};
+
+bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+// Skips one JSON value starting at p (no validation beyond bracket and string structure).
+bool SkipValue(const char*& p, const char* end) {
+  int depth = 0;
+  while (p < end) {
+    const char c = *p;
+    if (c == '"') {
+      ++p;
+      while (p < end && *p != '"') {
+        if (*p == '\\') ++p;
+        ++p;
+      }
+      if (p >= end) return false;
+      ++p;
+      if (depth == 0) return true;
+      continue;
+    }
+    if (c == '[' || c == '{') {
+      ++depth;
+    } else if (c == ']' || c == '}') {
+      if (depth == 0) return true;  // the end of the enclosing object: a scalar ended
+      if (--depth == 0) {
+        ++p;
+        return true;
+      }
+    } else if (depth == 0 && (c == ',' || IsWs(c))) {
+      return true;
+    }
+    ++p;
+  }
+  return depth == 0;
+}
+
+// signed_values: the list holds int64 (token ids); else u64 or int64 bit patterns (hashes).
+std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<const char*> keys,
+                                   int64_t max_items, bool signed_values) {
+  const char* const begin = body.data();
+  const char* const end = begin + body.size();
+  const char* p = begin;
+  auto ws = [&] {
+    while (p < end && IsWs(*p)) ++p;
+  };
+  ws();
+  if (p >= end || *p != '{') return std::nullopt;
+  ++p;
+  BigList out;
+  const char* span_begin = nullptr;
+  const char* span_end = nullptr;
+  for (;;) {
+    ws();
+    if (p < end && *p == '}') break;
+    if (p >= end || *p != '"') return std::nullopt;
+    const char* k = ++p;
+    while (p < end && *p != '"' && *p != '\\') ++p;
+    if (p >= end || *p != '"') return std::nullopt;  // an escape in a key: the slow path
+    const std::string_view key(k, static_cast<size_t>(p - k));
+    ++p;
+    ws();
+    if (p >= end || *p != ':') return std::nullopt;
+    ++p;
+    ws();
+    bool wanted = false;
+    for (const char* w : keys) wanted = wanted || key == w;
+    if (wanted) {
+      if (span_begin != nullptr) return std::nullopt;  // twice (or both spellings)
+      if (p >= end || *p != '[') return std::nullopt;
+      span_begin = p;
+      out.key = std::string(key);
+      ++p;
+      ws();
+      if (p < end && *p == ']') {
+        ++p;
+      } else {
+        for (;;) {
+          bool neg = false;
+          if (p < end && *p == '-') {
+            neg = true;
+            ++p;
+          }
+          if (p >= end || *p < '0' || *p > '9') return std::nullopt;
+          if (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9') return std::nullopt;
+          uint64_t v = 0;
+          while (p < end && *p >= '0' && *p <= '9') {
+            const uint64_t d = static_cast<uint64_t>(*p - '0');
+            if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+            v = v * 10 + d;
+            ++p;
+          }
+          if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return std::nullopt;
+          if (neg) {
+            if (v > uint64_t{1} << 63) return std::nullopt;
+            v = ~v + 1;  // the int64's two's complement pattern
+          } else if (signed_values && v > static_cast<uint64_t>(INT64_MAX)) {
+            return std::nullopt;
+          }
+          out.values.push_back(v);
+          if (static_cast<int64_t>(out.values.size()) > max_items) return std::nullopt;
+          ws();
+          if (p < end && *p == ',') {
+            ++p;
+            ws();
+            continue;
+          }
+          if (p < end && *p == ']') {
+            ++p;
+            break;
+          }
+          return std::nullopt;
+        }
+      }
+      span_end = p;
+    } else if (!SkipValue(p, end)) {
+      return std::nullopt;
+    }
+    ws();
+    if (p < end && *p == ',') {
+      ++p;
+      continue;
+    }
+    if (p < end && *p == '}') break;
+    return std::nullopt;
+  }
+  if (span_begin == nullptr) return std::nullopt;
+  out.rest.reserve(body.size() - static_cast<size_t>(span_end - span_begin) + 2);
+  out.rest.append(begin, span_begin);
+  out.rest.append("[]");
+  out.rest.append(span_end, end);
+  return out;
+}
+
 }  // namespace
 
 std::string_view EngineTypeName(EngineType t) {
@@ -207,9 +354,17 @@ std::string Registration::Key() const {
   return instance_id + "|" + tenant_id + "|" + std::to_string(dp_rank);
 }
 
-Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote) {
+namespace {
+
+Result<Registration> ParseRegistration(std::string_view body, bool allow_remote, bool stored) {
   KVO_ASSIGN_OR_RETURN(json o, ParseBody(body, "/register", 64));
   Registration r;
+  if (stored) {
+    KVO_ASSIGN_OR_RETURN(auto from, OptString(o, "discovered_from"));
+    r.discovered_from = from.value_or("");
+    // A discovered registration names the host the operator's --discover named.
+    if (!r.discovered_from.empty()) allow_remote = true;
+  }
   KVO_ASSIGN_OR_RETURN(r.endpoint, ReqString(o, "endpoint"));
   KVO_RETURN_IF_ERROR(CheckEndpoint(r.endpoint, "endpoint", allow_remote));
   KVO_ASSIGN_OR_RETURN(r.replay_endpoint, OptString(o, "replay_endpoint"));
@@ -246,7 +401,50 @@ Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remo
     KVO_ASSIGN_OR_RETURN(salt, OptString(o, "additional_salt"));
   }
   r.additional_salt = salt.value_or("");
+  KVO_ASSIGN_OR_RETURN(auto topic, OptString(o, "topic"));
+  r.topic = topic.value_or("");
+  KVO_ASSIGN_OR_RETURN(auto ranks, OptInt(o, "dp_ranks", 1, kMaxRanksPerRequest));
+  r.dp_ranks = ranks.value_or(1);
+  if (stored && r.dp_ranks != 1) return Bad("a stored registration has 'dp_ranks' != 1");
+  if (r.dp_rank + r.dp_ranks - 1 > kMaxRank) {
+    return Bad("'dp_rank' + 'dp_ranks' - 1 must be at most " + std::to_string(kMaxRank));
+  }
   return r;
+}
+
+}  // namespace
+
+Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote) {
+  return ParseRegistration(body, allow_remote, false);
+}
+
+Result<Registration> ParseStoredRegistration(std::string_view body, bool allow_remote) {
+  return ParseRegistration(body, allow_remote, true);
+}
+
+Result<std::vector<Registration>> ExpandRanks(const Registration& r) {
+  std::vector<Registration> out;
+  for (int64_t i = 0; i < r.dp_ranks; ++i) {
+    Registration one = r;
+    one.dp_ranks = 1;
+    one.dp_rank = r.dp_rank + i;
+    if (i > 0) {
+      auto ep = OffsetEndpointPort(r.endpoint, i);
+      if (!ep.ok())
+        return Bad("'endpoint' for rank " + std::to_string(one.dp_rank) + ": " +
+                   ep.status().message());
+      one.endpoint = *ep;
+      if (r.replay_endpoint) {
+        auto rep = OffsetEndpointPort(*r.replay_endpoint, i);
+        if (!rep.ok())
+          return Bad("'replay_endpoint' for rank " + std::to_string(one.dp_rank) + ": " +
+                     rep.status().message());
+        one.replay_endpoint = *rep;
+      }
+    }
+    out.push_back(std::move(one));
+  }
+  return out;
 }
 
 std::string RenderRegistration(const Registration& r) {
@@ -261,6 +459,8 @@ std::string RenderRegistration(const Registration& r) {
   j["block_size"] = r.block_size;
   j["dp_rank"] = r.dp_rank;
   j["additionalsalt"] = r.additional_salt;
+  if (!r.topic.empty()) j["topic"] = r.topic;
+  if (!r.discovered_from.empty()) j["discovered_from"] = r.discovered_from;
   return j.dump();
 }
 
@@ -272,6 +472,8 @@ std::string FirstDifference(const Registration& a, const Registration& b) {
   if (a.lora_name != b.lora_name) return "lora_name";
   if (a.block_size != b.block_size) return "block_size";
   if (a.additional_salt != b.additional_salt) return "additionalsalt";
+  if (a.topic != b.topic) return "topic";
+  if (a.discovered_from != b.discovered_from) return "discovered_from";
   return "";
 }
 
@@ -284,7 +486,10 @@ Result<UnregisterRequest> ParseUnregisterRequest(std::string_view body) {
   return u;
 }
 
-Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items) {
+namespace {
+
+// The whole body through nlohmann's DOM.
+Result<RouterQuery> ParseRouterQueryDom(std::string_view body, bool by_hash, int64_t max_items) {
   const char* route = by_hash ? "/query_by_hash" : "/query";
   KVO_ASSIGN_OR_RETURN(json o,
                        ParseBody(body, route, max_items, by_hash ? "seq_hashes" : "token_ids"));
@@ -339,6 +544,28 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
     }
   }
   return q;
+}
+
+}  // namespace
+
+Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items) {
+  // The big list first, by hand; the rest of the body through the ordinary parser below.
+  std::optional<BigList> big =
+      by_hash ? ScanBigList(body, {"seq_hashes", "block_hash"}, max_items, false)
+              : ScanBigList(body, {"token_ids"}, max_items, true);
+  if (big) {
+    KVO_ASSIGN_OR_RETURN(RouterQuery q, ParseRouterQueryDom(big->rest, by_hash, max_items));
+    if (by_hash) {
+      q.hashes = std::move(big->values);
+    } else {
+      q.token_ids.resize(big->values.size());
+      for (size_t i = 0; i < big->values.size(); ++i) {
+        q.token_ids[i] = static_cast<int64_t>(big->values[i]);
+      }
+    }
+    return q;
+  }
+  return ParseRouterQueryDom(body, by_hash, max_items);
 }
 
 TierBoundaries MatchTiers(const std::vector<ExplainBlock>& blocks, std::string_view source,

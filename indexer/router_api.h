@@ -5,8 +5,11 @@
 //
 //   POST /register   {"endpoint", "replay_endpoint"?, "type", "modelname" | "model_name" |
 //                     "model", "lora_name"?, "tenant_id"?, "instance_id", "block_size",
-//                     "dp_rank", "additionalsalt"?}
+//                     "dp_rank", "additionalsalt"?, "dp_ranks"?, "topic"?}
 //     -> {"status": "registered successfully", "instance_id"}
+//     kvo's additions: "dp_ranks": N registers ranks dp_rank .. dp_rank+N-1 of a vLLM engine at
+//     once (each rank's endpoints offset by its distance from dp_rank, vLLM's port rule; each rank
+//     is its own registration "<id>|<tenant>|<rank>"); "topic": the SUB topic filter.
 //   POST /unregister {"instance_id", "tenant_id"?, "dp_rank"?, ...}  (dp_rank omitted: every rank)
 //     -> {"status": "unregistered successfully", "removed_instances": ["<id>|<tenant>|<rank>"]}
 //   POST /query      {"model" | "model_name" | "modelname", "token_ids", "block_size",
@@ -35,7 +38,8 @@ namespace kvo {
 enum class EngineType { kVllm, kSglang };
 std::string_view EngineTypeName(EngineType t);
 
-// The API's media. vLLM's STORAGE is DISK here; other media names (e.g. "kvcr") take no part.
+// The API's media. vLLM's STORAGE is DISK here; other media names take no part. A copy a
+// secondary tier owns (ownership "kvcr" on medium CPU) counts under its medium.
 enum class RouterTier { kGpu, kCpu, kDisk, kOther };
 RouterTier RouterTierOf(std::string_view medium);
 
@@ -50,6 +54,12 @@ struct Registration {
   int64_t block_size = 0;
   int64_t dp_rank = 0;
   std::string additional_salt;
+  std::string topic;  // SUB topic filter ("" = every topic)
+  // How many ranks this request registers (ExpandRanks); 1 in a stored registration.
+  int64_t dp_ranks = 1;
+  // Set for a registration made by --discover (the URL polled): resumed at start even off
+  // loopback (the operator named the host), and followed when the engine moves.
+  std::string discovered_from;
 
   // The index's source name for this registration: "<instance_id>@<tenant_id>@<dp_rank>".
   std::string SourceName() const;
@@ -62,8 +72,14 @@ struct Registration {
 // Parses and validates a /register body. Endpoints must be tcp:// or ipc://; a tcp:// host off
 // loopback is refused unless allow_remote. InvalidArgument naming the field.
 Result<Registration> ParseRegisterRequest(std::string_view body, bool allow_remote);
-// The stored form (the index's `registrations.body`); ParseRegisterRequest reads it back.
+// The stored form (the index's `registrations.body`); ParseStoredRegistration reads it back.
 std::string RenderRegistration(const Registration& r);
+// A stored registration (RenderRegistration's form, which may carry "discovered_from").
+Result<Registration> ParseStoredRegistration(std::string_view body, bool allow_remote);
+// One registration per rank of a "dp_ranks": N request: rank dp_rank + i listens on the
+// endpoint ports + i (vLLM's offset_endpoint_port from the given rank's ports). InvalidArgument
+// when a port would pass 65535.
+Result<std::vector<Registration>> ExpandRanks(const Registration& r);
 // Names the first field in which two registrations of one key differ ("" when equal).
 std::string FirstDifference(const Registration& a, const Registration& b);
 

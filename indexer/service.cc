@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -11,13 +12,17 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "events/zmq_subscriber.h"
+#include "indexer/discovery.h"
 #include "indexer/doctor.h"
 #include "indexer/router_api.h"
 
 namespace kvo {
 namespace {
 
-constexpr auto kPollSlice = std::chrono::milliseconds(100);
+// How long a stream thread waits for a batch before it checks whether it should stop: bounds how
+// long /unregister (and a discovered engine's move) waits for the thread (the router API's
+// /unregister p99 < 50 ms); an idle stream wakes 40 times a second for it.
+constexpr auto kPollSlice = std::chrono::milliseconds(25);
 
 std::vector<double> LatencyBuckets() {
   return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
@@ -155,6 +160,27 @@ struct IndexerService::Impl {
   HttpResponse Workers() const;
   Status AddRegistered(const Registration& reg, bool start_thread)
       EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  // Checks that `reg` may be registered: Ok (and *same = true when exactly this registration
+  // exists), AlreadyExists (409) for a name or endpoint taken otherwise.
+  Status CheckRegistration(const Registration& reg, bool* same) EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
+  // Stores and starts one checked registration. REQUIRES: CheckRegistration said Ok, not same.
+  Status AddNewRegistration(const Registration& reg) EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
+  // Removes the registered sources `pick` selects: stored rows deleted, threads stopped and
+  // joined, entries cleared. Returns their keys ("<id>|<tenant>|<rank>").
+  Result<std::vector<std::string>> RemoveRegistered(
+      const std::function<bool(const Registration&)>& pick) EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
+  // Discovery (--discover): one thread per target polls it (discovery.h) and applies a good
+  // answer here: a new rank is registered, a rank whose endpoints changed (the engine restarted
+  // on new ports) has its old stream cleared and the new one followed, a rank no longer listed is
+  // unregistered. A rank that cannot be registered is logged; the others are applied.
+  Status ApplyDiscovered(const DiscoverTarget& t, const std::string& model,
+                         const std::vector<DiscoveredSource>& list);
+  void RunDiscovery(Discoverer* d);
+  // GET /v1/discovery: {"targets": [{"url", "state", "polls", "failures",
+  // "consecutive_failures", "last_error", "next_delay_ms", "sources", "model"}]}
+  std::string DiscoveryJson() const;
+  std::vector<std::unique_ptr<Discoverer>> discoverers;  // fixed after Start
+  std::vector<std::thread> discovery_threads;
   // The doctor's metric families (per source).
   CounterFamily* doctor_checked = nullptr;
   CounterFamily* doctor_mismatched = nullptr;
@@ -641,6 +667,7 @@ Status IndexerService::Impl::AddRegistered(const Registration& reg, bool start_t
   sc.name = reg.SourceName();
   sc.endpoint = reg.endpoint;
   sc.replay_endpoint = reg.replay_endpoint;
+  sc.topic = reg.topic;
   KVO_RETURN_IF_ERROR(ValidateSource(sc));
   SourceStream stream;
   stream.source = sc.name;
@@ -662,77 +689,80 @@ HttpResponse JsonError(int code, const std::string& message) {
 }
 }  // namespace
 
-HttpResponse IndexerService::Impl::Register(const HttpRequest& r) {
-  auto reg = ParseRegisterRequest(r.body, options.allow_remote_sources);
-  if (!reg.ok()) return JsonError(400, std::string(reg.status().message()));
-  const std::string name = reg->SourceName();
-  MutexLock op(&reg_op_mu);
-  {
-    MutexLock lock(&registry_mu);
-    for (const auto& src : sources) {
-      if (src->config.name == name) {
-        if (!src->reg) {
-          return JsonError(409, "instance '" + reg->Key() +
-                                    "' has the name of a --source/--config source ('" + name +
-                                    "'); register it under another instance_id");
-        }
-        std::string diff = FirstDifference(*src->reg, *reg);
-        if (diff.empty()) {
-          return HttpResponse{200, "application/json",
-                              RenderRegistered(reg->instance_id)};  // idempotent
-        }
-        return JsonError(409, "instance '" + reg->Key() + "' is already registered with another '" +
-                                  diff + "'; POST /unregister it first");
-      }
+Status IndexerService::Impl::CheckRegistration(const Registration& reg, bool* same) {
+  *same = false;
+  const std::string name = reg.SourceName();
+  MutexLock lock(&registry_mu);
+  for (const auto& src : sources) {
+    if (src->config.name != name) continue;
+    if (!src->reg) {
+      return Status::AlreadyExists("instance '" + reg.Key() +
+                                   "' has the name of a --source/--config source ('" + name +
+                                   "'); register it under another instance_id");
     }
-    for (const auto& st : streams) {
-      if (st->stream.endpoint == reg->endpoint ||
-          (reg->replay_endpoint && st->stream.replay_endpoint == reg->replay_endpoint)) {
-        return JsonError(409, "'endpoint' '" + CutForMessage(reg->endpoint) +
-                                  "' is already followed as source '" + st->stream.source + "'");
-      }
+    std::string diff = FirstDifference(*src->reg, reg);
+    if (diff.empty()) {
+      *same = true;  // idempotent
+      return Status::Ok();
+    }
+    return Status::AlreadyExists("instance '" + reg.Key() +
+                                 "' is already registered with another '" + diff +
+                                 "'; POST /unregister it first");
+  }
+  for (const auto& st : streams) {
+    if (st->stream.endpoint == reg.endpoint ||
+        (reg.replay_endpoint && st->stream.replay_endpoint == reg.replay_endpoint)) {
+      return Status::AlreadyExists("'endpoint' '" + CutForMessage(reg.endpoint) +
+                                   "' is already followed as source '" + st->stream.source + "'");
     }
   }
-  Status st = index->PutRegistration(name, RenderRegistration(*reg));
-  if (!st.ok()) return JsonError(500, "registration not stored: " + st.ToString());
+  return Status::Ok();
+}
+
+Status IndexerService::Impl::AddNewRegistration(const Registration& reg) {
+  const std::string name = reg.SourceName();
+  Status st = index->PutRegistration(name, RenderRegistration(reg));
+  if (!st.ok()) return Status::Internal("registration not stored: " + st.ToString());
   {
     MutexLock lock(&registry_mu);
-    st = AddRegistered(*reg, true);
+    st = AddRegistered(reg, true);
   }
   if (!st.ok()) {
     (void)index->DeleteRegistration(name);
-    return JsonError(400, std::string(st.message()));
+    return Status::InvalidArgument(std::string(st.message()));
   }
-  KVO_LOG_INFO("indexer: registered '{}' ({}, replay {})", name, reg->endpoint,
-               reg->replay_endpoint.value_or("none"));
-  return HttpResponse{200, "application/json", RenderRegistered(reg->instance_id)};
+  KVO_LOG_INFO("indexer: registered '{}' ({}, replay {}{}{})", name, reg.endpoint,
+               reg.replay_endpoint.value_or("none"),
+               reg.discovered_from.empty() ? "" : ", discovered from ", reg.discovered_from);
+  return Status::Ok();
 }
 
-HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
-  auto req = ParseUnregisterRequest(r.body);
-  if (!req.ok()) return JsonError(400, std::string(req.status().message()));
-  MutexLock op(&reg_op_mu);
+Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
+    const std::function<bool(const Registration&)>& pick) {
   std::vector<std::unique_ptr<SourceState>> gone_sources;
   std::vector<std::unique_ptr<StreamState>> gone_streams;
   std::vector<std::string> removed;
   {
     MutexLock lock(&registry_mu);
+    Status failed;
     for (auto& src : sources) {
-      if (!src->reg || src->reg->instance_id != req->instance_id ||
-          src->reg->tenant_id != req->tenant_id ||
-          (req->dp_rank && src->reg->dp_rank != *req->dp_rank)) {
-        continue;
-      }
+      if (!src->reg || !pick(*src->reg)) continue;
       Status st = index->DeleteRegistration(src->config.name);
-      if (!st.ok()) return JsonError(500, "registration not deleted: " + st.ToString());
+      if (!st.ok()) {
+        failed = st;
+        break;
+      }
       removed.push_back(src->reg->Key());
       gone_sources.push_back(std::move(src));
     }
-    if (gone_sources.empty()) {
-      return JsonError(400, "'instance_id' '" + req->instance_id + "' (tenant_id '" +
-                                req->tenant_id + "'" +
-                                (req->dp_rank ? ", dp_rank " + std::to_string(*req->dp_rank) : "") +
-                                ") is not registered");
+    if (!failed.ok()) {
+      // Put back what was taken out so far: nothing is half-removed.
+      std::erase_if(sources, [](const auto& p) { return p == nullptr; });
+      for (auto& g : gone_sources) {
+        (void)index->PutRegistration(g->config.name, RenderRegistration(*g->reg));
+        sources.push_back(std::move(g));
+      }
+      return Status::Internal("registration not deleted: " + failed.ToString());
     }
     std::erase_if(sources, [](const auto& p) { return p == nullptr; });
     for (auto& st : streams) {
@@ -759,7 +789,170 @@ HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
     }
     KVO_LOG_INFO("indexer: unregistered '{}'", src->config.name);
   }
-  return HttpResponse{200, "application/json", RenderUnregistered(removed)};
+  return removed;
+}
+
+namespace {
+int HttpCodeOf(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+      return 400;
+    case StatusCode::kAlreadyExists:
+      return 409;
+    default:
+      return 500;
+  }
+}
+}  // namespace
+
+HttpResponse IndexerService::Impl::Register(const HttpRequest& r) {
+  auto parsed = ParseRegisterRequest(r.body, options.allow_remote_sources);
+  if (!parsed.ok()) return JsonError(400, std::string(parsed.status().message()));
+  auto ranks = ExpandRanks(*parsed);
+  if (!ranks.ok()) return JsonError(400, std::string(ranks.status().message()));
+  MutexLock op(&reg_op_mu);
+  // Every rank is checked before any is added: a refused request registers nothing.
+  std::vector<const Registration*> fresh;
+  for (const Registration& reg : *ranks) {
+    bool same = false;
+    Status st = CheckRegistration(reg, &same);
+    if (!st.ok()) return JsonError(HttpCodeOf(st), std::string(st.message()));
+    if (!same) fresh.push_back(&reg);
+  }
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    Status st = AddNewRegistration(*fresh[i]);
+    if (!st.ok()) {
+      std::set<std::string> undo;
+      for (size_t j = 0; j < i; ++j) undo.insert(fresh[j]->SourceName());
+      (void)RemoveRegistered([&](const Registration& g) { return undo.contains(g.SourceName()); });
+      return JsonError(HttpCodeOf(st), std::string(st.message()));
+    }
+  }
+  return HttpResponse{200, "application/json", RenderRegistered(parsed->instance_id)};
+}
+
+HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
+  auto req = ParseUnregisterRequest(r.body);
+  if (!req.ok()) return JsonError(400, std::string(req.status().message()));
+  MutexLock op(&reg_op_mu);
+  auto removed = RemoveRegistered([&](const Registration& g) {
+    return g.instance_id == req->instance_id && g.tenant_id == req->tenant_id &&
+           (!req->dp_rank || g.dp_rank == *req->dp_rank);
+  });
+  if (!removed.ok()) return JsonError(500, std::string(removed.status().message()));
+  if (removed->empty()) {
+    return JsonError(400, "'instance_id' '" + req->instance_id + "' (tenant_id '" + req->tenant_id +
+                              "'" +
+                              (req->dp_rank ? ", dp_rank " + std::to_string(*req->dp_rank) : "") +
+                              ") is not registered");
+  }
+  return HttpResponse{200, "application/json", RenderUnregistered(*removed)};
+}
+
+Status IndexerService::Impl::ApplyDiscovered(const DiscoverTarget& t, const std::string& model,
+                                             const std::vector<DiscoveredSource>& list) {
+  MutexLock op(&reg_op_mu);
+  if (stopping.load()) return Status::Ok();
+  Status first_error;
+  auto note = [&](const Status& st) {
+    if (!st.ok() && first_error.ok()) first_error = st;
+  };
+  std::set<int64_t> listed;
+  for (const DiscoveredSource& d : list) {
+    listed.insert(d.dp_rank);
+    Registration reg;
+    reg.endpoint = d.endpoint;
+    reg.replay_endpoint = d.replay_endpoint;
+    reg.type = EngineType::kVllm;
+    reg.model = model;
+    reg.lora_name = t.lora_name;
+    reg.tenant_id = t.tenant_id;
+    reg.instance_id = t.instance_id;
+    reg.block_size = t.block_size;
+    reg.dp_rank = d.dp_rank;
+    reg.additional_salt = t.additional_salt;
+    reg.topic = d.topic;
+    // Endpoints on the host the operator named (or loopback) are followed; any other host only
+    // with --allow-remote (an API server must not point the daemon anywhere).
+    const bool on_host =
+        EndpointOnHost(reg.endpoint, t.address.host) &&
+        (!reg.replay_endpoint || EndpointOnHost(*reg.replay_endpoint, t.address.host));
+    auto valid =
+        ParseRegisterRequest(RenderRegistration(reg), options.allow_remote_sources || on_host);
+    if (!valid.ok()) {
+      note(valid.status().WithContext("rank " + std::to_string(d.dp_rank)));
+      continue;
+    }
+    reg.discovered_from = t.url;
+    const std::string name = reg.SourceName();
+    std::optional<Registration> old;
+    {
+      MutexLock lock(&registry_mu);
+      for (const auto& src : sources) {
+        if (src->config.name == name && src->reg) old = *src->reg;
+      }
+    }
+    if (old && *old == reg) continue;  // unchanged
+    if (old) {
+      KVO_LOG_WARN(
+          "discovery {}: rank {} moved from {} to {} (engine restarted?): clearing the old "
+          "stream and following the new one",
+          t.url, d.dp_rank, old->endpoint, reg.endpoint);
+      auto gone = RemoveRegistered([&](const Registration& g) { return g.SourceName() == name; });
+      if (!gone.ok()) {
+        note(gone.status());
+        continue;
+      }
+    }
+    bool same = false;
+    Status st = CheckRegistration(reg, &same);
+    if (st.ok() && !same) st = AddNewRegistration(reg);
+    if (!st.ok()) note(st.WithContext("rank " + std::to_string(d.dp_rank)));
+  }
+  auto gone = RemoveRegistered([&](const Registration& g) {
+    return g.discovered_from == t.url && g.instance_id == t.instance_id &&
+           g.tenant_id == t.tenant_id && !listed.contains(g.dp_rank);
+  });
+  if (!gone.ok()) {
+    note(gone.status());
+  } else {
+    for (const std::string& key : *gone) {
+      KVO_LOG_WARN("discovery {}: '{}' is no longer listed: unregistered", t.url, key);
+    }
+  }
+  return first_error;
+}
+
+std::string IndexerService::Impl::DiscoveryJson() const {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const auto& d : discoverers) {
+    DiscoveryStatus st = d->status();
+    nlohmann::ordered_json j;
+    j["url"] = st.url;
+    j["state"] = st.state;
+    j["polls"] = st.polls;
+    j["failures"] = st.failures;
+    j["consecutive_failures"] = st.consecutive_failures;
+    j["last_error"] = st.last_error;
+    j["next_delay_ms"] = st.next_delay_ms;
+    j["sources"] = st.sources;
+    j["model"] = st.model;
+    list.push_back(std::move(j));
+  }
+  nlohmann::ordered_json out;
+  out["targets"] = std::move(list);
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+void IndexerService::Impl::RunDiscovery(Discoverer* d) {
+  while (!stopping.load()) {
+    d->PollIfDue();
+    // Wake at the next due time by the clock, at most every 50 ms of real time (a test's manual
+    // clock moves without waking anyone), or at Stop.
+    MutexLock lock(&stop_mu);
+    if (stopped) break;
+    stop_cv.WaitFor(std::chrono::milliseconds(50));
+  }
 }
 
 HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash) {
@@ -939,10 +1132,10 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     }
     // Registered sources resume from their checkpoints (the file's streams rows).
     for (const StoredRegistration& sr : stored) {
-      auto reg = ParseRegisterRequest(sr.body, /*allow_remote=*/true);
+      auto reg = ParseStoredRegistration(sr.body, /*allow_remote=*/true);
       Status st = reg.ok() ? Status::Ok() : reg.status();
       if (st.ok() && !options.allow_remote_sources) {
-        st = ParseRegisterRequest(sr.body, false).status();
+        st = ParseStoredRegistration(sr.body, false).status();
       }
       if (st.ok() && impl->source_names.contains(reg->SourceName())) {
         st = Status::AlreadyExists("a --source/--config source has the same name");
@@ -970,6 +1163,28 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     MutexLock lock(&impl->registry_mu);
     for (auto& st : impl->streams) impl->StartThread(st.get());
   }
+  KVO_RETURN_IF_ERROR(ValidateDiscoverTargets(config.discover));
+  for (const DiscoverTarget& t : config.discover) {
+    DiscoveryOptions dopt;
+    dopt.interval_ms = config.discover_interval_ms;
+    dopt.retry_initial_ms = config.discover_retry_initial_ms;
+    dopt.retry_max_ms = config.discover_retry_max_ms;
+    dopt.timeout_ms = config.discover_timeout_ms;
+    Impl* raw = impl.get();
+    impl->discoverers.push_back(
+        std::make_unique<Discoverer>(t, dopt, impl->clock,
+                                     [raw](const DiscoverTarget& target, const std::string& model,
+                                           const std::vector<DiscoveredSource>& list) {
+                                       return raw->ApplyDiscovered(target, model, list);
+                                     }));
+  }
+  for (auto& d : impl->discoverers) {
+    Impl* raw = impl.get();
+    Discoverer* dp = d.get();
+    impl->discovery_threads.emplace_back([raw, dp] { raw->RunDiscovery(dp); });
+    KVO_LOG_INFO("indexer: discovering engines from {} (GET /kv_event_sources every {} ms)",
+                 dp->target().url, config.discover_interval_ms);
+  }
   auto service = std::unique_ptr<IndexerService>(new IndexerService(std::move(impl)));
   if (options.start_http) {
     HttpServerOptions ho;
@@ -995,6 +1210,10 @@ void IndexerService::Stop() {
   }
   impl_->stop_cv.SignalAll();
   if (impl_->http) impl_->http->Stop();
+  // Discovery applies registrations: it ends before the streams are joined.
+  for (std::thread& t : impl_->discovery_threads) {
+    if (t.joinable()) t.join();
+  }
   // No request runs now (HTTP stopped), so no registration changes the list.
   MutexLock op(&impl_->reg_op_mu);
   std::vector<StreamState*> threads;
@@ -1030,6 +1249,10 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
   if (r.path == "/workers") {
     if (r.method != "GET") return method_not_allowed("GET");
     return impl_->Workers();
+  }
+  if (r.path == "/v1/discovery") {
+    if (r.method != "GET") return method_not_allowed("GET");
+    return HttpResponse{200, "application/json", impl_->DiscoveryJson()};
   }
   if (r.path == "/health") {
     if (r.method != "GET") return method_not_allowed("GET");

@@ -156,7 +156,146 @@ Result<SourceConfig> ParseSourceObject(std::string_view origin, size_t index, co
   return s;
 }
 
+// An identity that becomes part of a source name: [A-Za-z0-9_.:-]{1,100} (router_api.h's rule).
+bool ValidIdentity(std::string_view v) {
+  if (v.empty() || v.size() > 100) return false;
+  for (char c : v) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// "http://HOST:PORT[/]" -> the target with its defaults.
+Result<DiscoverTarget> ParseDiscoverUrl(std::string_view url) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("discover URL '" + CutForMessage(url) + "': " + why +
+                                   " (expected http://HOST:PORT of a vLLM API server)");
+  };
+  if (!url.starts_with("http://")) return bad("only http:// is supported");
+  std::string_view hp = url.substr(7);
+  if (hp.ends_with("/")) hp.remove_suffix(1);
+  if (hp.find('/') != std::string_view::npos) return bad("give no path");
+  auto addr = ParseHttpAddress(hp);
+  if (!addr.ok()) return bad(addr.status().message());
+  if (addr->port == 0) return bad("port 0 cannot be dialled");
+  DiscoverTarget t;
+  t.url = "http://" + std::string(hp);
+  t.address = *addr;
+  t.instance_id = addr->host + ":" + std::to_string(addr->port);
+  if (!ValidIdentity(t.instance_id)) {
+    return bad("its HOST:PORT is no valid instance_id; give instance_id=");
+  }
+  return t;
+}
+
+// One key of a discover target (flag or object); `what` names it in errors.
+Status SetDiscoverKey(DiscoverTarget* t, const std::string& key, const std::string& value) {
+  auto need_id = [&](std::string* out) {
+    if (!ValidIdentity(value)) {
+      return Status::InvalidArgument("'" + key +
+                                     "' must be 1-100 characters of [A-Za-z0-9_.:-], got '" +
+                                     CutForMessage(value) + "'");
+    }
+    *out = value;
+    return Status::Ok();
+  };
+  if (key == "instance_id") return need_id(&t->instance_id);
+  if (key == "tenant_id") return need_id(&t->tenant_id);
+  if (key == "model") {
+    if (value.empty() || value.size() > 4096) {
+      return Status::InvalidArgument("'model' must be 1-4096 bytes");
+    }
+    t->model = value;
+    return Status::Ok();
+  }
+  if (key == "lora_name") {
+    t->lora_name = value;
+    return Status::Ok();
+  }
+  if (key == "additionalsalt") {
+    t->additional_salt = value;
+    return Status::Ok();
+  }
+  if (key == "block_size") {
+    KVO_ASSIGN_OR_RETURN(t->block_size, ParseIntText(key, value, 1, kMaxBlockSize));
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("unknown key '" + CutForMessage(key) +
+                                 "' (expected instance_id, tenant_id, model, lora_name, "
+                                 "block_size, additionalsalt)");
+}
+
+Result<DiscoverTarget> ParseDiscoverObject(std::string_view origin, size_t index, const json& v) {
+  std::string prefix = "discover[" + std::to_string(index) + "]";
+  if (v.is_string()) {
+    auto t = ParseDiscoverFlag(v.get<std::string>());
+    if (!t.ok()) return Bad(origin, "'" + prefix + "': " + t.status().message());
+    return t;
+  }
+  if (!v.is_object()) return WrongType(origin, prefix, v, "a URL string or an object");
+  const json* url = nullptr;
+  auto it = v.find("url");
+  if (it != v.end()) url = &*it;
+  if (url == nullptr) return Bad(origin, "'" + prefix + ".url' is required");
+  if (!url->is_string()) return WrongType(origin, prefix + ".url", *url, "a string");
+  auto t = ParseDiscoverUrl(url->get<std::string>());
+  if (!t.ok()) return Bad(origin, "'" + prefix + ".url': " + t.status().message());
+  for (const auto& [key, value] : v.items()) {
+    if (key == "url") continue;
+    std::string text;
+    if (key == "block_size" && value.is_number_integer()) {
+      text = value.dump();
+    } else {
+      KVO_RETURN_IF_ERROR(ReadString(origin, prefix + "." + key, value, &text));
+    }
+    Status st = SetDiscoverKey(&*t, key, text);
+    if (!st.ok()) return Bad(origin, "'" + prefix + "': " + st.message());
+  }
+  return t;
+}
+
 }  // namespace
+
+Result<DiscoverTarget> ParseDiscoverFlag(std::string_view flag) {
+  auto bad = [&](const std::string& what) {
+    return Status::InvalidArgument("--discover '" + CutForMessage(flag) + "': " + what);
+  };
+  size_t comma = flag.find(',');
+  auto t = ParseDiscoverUrl(flag.substr(0, comma));
+  if (!t.ok()) return bad(t.status().message());
+  while (comma != std::string_view::npos) {
+    size_t start = comma + 1;
+    comma = flag.find(',', start);
+    std::string_view item = flag.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    size_t keq = item.find('=');
+    if (keq == std::string_view::npos) {
+      return bad("expected key=value, got '" + CutForMessage(item) + "'");
+    }
+    Status st =
+        SetDiscoverKey(&*t, std::string(item.substr(0, keq)), std::string(item.substr(keq + 1)));
+    if (!st.ok()) return bad(st.message());
+  }
+  return t;
+}
+
+Status ValidateDiscoverTargets(const std::vector<DiscoverTarget>& targets) {
+  std::set<std::string> urls;
+  std::set<std::string> ids;
+  for (const DiscoverTarget& t : targets) {
+    if (!urls.insert(t.url).second) {
+      return Status::InvalidArgument("discover URL '" + t.url + "' is given twice");
+    }
+    if (!ids.insert(t.instance_id + "|" + t.tenant_id).second) {
+      return Status::InvalidArgument("discover URL '" + t.url + "': instance_id '" + t.instance_id +
+                                     "' (tenant '" + t.tenant_id +
+                                     "') is used by another discover target; give instance_id=");
+    }
+  }
+  return Status::Ok();
+}
 
 Status ValidateSource(const SourceConfig& s) {
   if (!ValidName(s.name)) {
@@ -232,6 +371,7 @@ Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view
   if (!doc.is_object()) return Bad(origin, "expected a JSON object, got " + DescribeJson(doc));
   IndexerConfig c;
   bool has_sources = false;
+  bool has_discover = false;
   try {
     for (const auto& [key, v] : doc.items()) {
       if (key == "db") {
@@ -256,6 +396,21 @@ Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view
         KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, 3'600'000, &c.retry_max_ms));
       } else if (key == "silent_after_ms") {
         KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, 86'400'000, &c.silent_after_ms));
+      } else if (key == "discover_interval_ms") {
+        KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 10, 3'600'000, &c.discover_interval_ms));
+      } else if (key == "discover_retry_initial_ms") {
+        KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, 600'000, &c.discover_retry_initial_ms));
+      } else if (key == "discover_retry_max_ms") {
+        KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, 3'600'000, &c.discover_retry_max_ms));
+      } else if (key == "discover_timeout_ms") {
+        KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, 600'000, &c.discover_timeout_ms));
+      } else if (key == "discover") {
+        if (!v.is_array()) return WrongType(origin, key, v, "an array");
+        has_discover = true;
+        for (size_t i = 0; i < v.size(); ++i) {
+          KVO_ASSIGN_OR_RETURN(DiscoverTarget t, ParseDiscoverObject(origin, i, v[i]));
+          c.discover.push_back(std::move(t));
+        }
       } else if (key == "sources") {
         if (!v.is_array()) return WrongType(origin, key, v, "an array");
         has_sources = true;
@@ -270,10 +425,15 @@ Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view
   } catch (const json::exception& e) {
     return Bad(origin, e.what());
   }
-  if (!has_sources) return Bad(origin, "'sources' is required");
+  if (!has_sources && !has_discover) return Bad(origin, "'sources' or 'discover' is required");
   if (c.retry_max_ms < c.retry_initial_ms) {
     return Bad(origin, "'retry_max_ms' must be >= 'retry_initial_ms'");
   }
+  if (c.discover_retry_max_ms < c.discover_retry_initial_ms) {
+    return Bad(origin, "'discover_retry_max_ms' must be >= 'discover_retry_initial_ms'");
+  }
+  Status dst = ValidateDiscoverTargets(c.discover);
+  if (!dst.ok()) return Bad(origin, dst.message());
   Status st = ValidateSources(c.sources);
   if (!st.ok()) return Bad(origin, st.message());
   return c;

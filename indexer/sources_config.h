@@ -50,6 +50,25 @@ struct SourceStream {
   std::optional<std::string> replay_endpoint;
 };
 
+struct HttpAddress {
+  std::string host;
+  int port = 0;
+};
+
+// A vLLM API server polled for its engines' KV-event endpoints (`--discover`, config "discover"):
+// GET /kv_event_sources every discover_interval_ms; each data-parallel rank it reports becomes a
+// registration "<instance_id>|<tenant_id>|<rank>" (as POST /register would make it).
+struct DiscoverTarget {
+  std::string url;  // "http://HOST:PORT" (normalised: no trailing '/')
+  HttpAddress address;
+  std::string instance_id;  // default "HOST:PORT" (IPv6 without brackets)
+  std::string tenant_id = "default";
+  std::string model;  // "" = the first model of the server's GET /v1/models
+  std::string lora_name;
+  int64_t block_size = 16;  // vLLM's default (--block-size)
+  std::string additional_salt;
+};
+
 struct IndexerConfig {
   std::string db;                       // SQLite file
   std::string http = "127.0.0.1:8080";  // host:port of the HTTP API (port 0: any free port)
@@ -66,7 +85,19 @@ struct IndexerConfig {
   // A stream with nothing delivered for this long after start is reported "not answering".
   int64_t silent_after_ms = 10'000;
   std::vector<SourceConfig> sources;
+  // vLLM API servers to discover engines from, and how often / how patiently to ask them.
+  std::vector<DiscoverTarget> discover;
+  int64_t discover_interval_ms = 2'000;
+  int64_t discover_retry_initial_ms = 500;  // after a failed poll: doubles up to the max
+  int64_t discover_retry_max_ms = 30'000;
+  int64_t discover_timeout_ms = 2'000;  // one HTTP request
 };
+
+// Parses one `--discover` flag: http://HOST:PORT[,instance_id=ID][,tenant_id=T][,model=M]
+// [,lora_name=L][,block_size=B][,additionalsalt=S]. InvalidArgument naming the part.
+Result<DiscoverTarget> ParseDiscoverFlag(std::string_view flag);
+// Checks the list: each URL once, each (instance_id, tenant_id) once.
+Status ValidateDiscoverTargets(const std::vector<DiscoverTarget>& targets);
 
 // Parses the JSON config file text (`origin` names it in errors). Unknown keys, wrong types,
 // duplicate source names and invalid endpoints are InvalidArgument naming the key and value.
@@ -86,10 +117,6 @@ Status ValidateSources(const std::vector<SourceConfig>& sources);
 // The source's streams, one per DP rank, with vLLM's port offsets applied.
 Result<std::vector<SourceStream>> ExpandStreams(const SourceConfig& source);
 
-struct HttpAddress {
-  std::string host;
-  int port = 0;
-};
 // "HOST:PORT" (IPv6 as "[::1]:PORT"); port 0..65535. InvalidArgument naming the text.
 Result<HttpAddress> ParseHttpAddress(std::string_view text);
 // 127.0.0.0/8, ::1 and "localhost".

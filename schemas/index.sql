@@ -1,4 +1,4 @@
--- kvo prefix index, schema version 2 (PRAGMA user_version = 2; PRAGMA application_id =
+-- kvo prefix index, schema version 3 (PRAGMA user_version = 3; PRAGMA application_id =
 -- 0x6B766F49, "kvoI"). Embedded in kvo_indexer and executed in one transaction when a new file is
 -- created. See schemas/index.md for the meaning of every column and indexer/DESIGN.md for why.
 --
@@ -34,6 +34,8 @@ CREATE TABLE streams (
 -- replay_endpoint, type, model, lora_name, tenant_id, instance_id, block_size, dp_rank,
 -- additional_salt). The source's checkpoint is its `streams` rows (same name), so a restarted
 -- daemon resumes every registration from there. Version 1 files gain this table at open.
+-- Version 3 adds `ownership` to event_log and to the key of blocks (version 2 files are migrated
+-- at open: their rows get ownership '').
 CREATE TABLE registrations (
   name       TEXT PRIMARY KEY,
   body       TEXT NOT NULL,
@@ -59,14 +61,18 @@ CREATE TABLE event_log (
   hashes       BLOB,
   content_keys BLOB,
   token_width  INTEGER NOT NULL DEFAULT 0,
-  token_ids    BLOB
+  token_ids    BLOB,
+  ownership    TEXT    NOT NULL DEFAULT ''
 );
 
--- The keyed state: one row per held (source, rank, medium, group, engine hash).
+-- The keyed state: one row per held (source, rank, medium, ownership, group, engine hash).
+-- ownership: '' for the framework's copy; a secondary tier's own copy (vLLM's `ownership`, e.g.
+-- the KVCR tier's "kvcr") is a residency of its own, and removals match the one they name.
 CREATE TABLE blocks (
   source_id   INTEGER NOT NULL,
   dp_rank     INTEGER NOT NULL,
   medium      TEXT    NOT NULL,
+  ownership   TEXT    NOT NULL DEFAULT '',
   group_idx   INTEGER NOT NULL,
   engine_hash INTEGER NOT NULL,
   refcount    INTEGER NOT NULL,
@@ -81,7 +87,7 @@ CREATE TABLE blocks (
   last_seq    INTEGER NOT NULL,
   first_seen  REAL    NOT NULL,
   last_seen   REAL    NOT NULL,
-  PRIMARY KEY (source_id, dp_rank, medium, group_idx, engine_hash)
+  PRIMARY KEY (source_id, dp_rank, medium, ownership, group_idx, engine_hash)
 ) WITHOUT ROWID;
 
 -- Compaction back-fills the content key of entries stored as unresolved placeholders once the
@@ -91,7 +97,7 @@ CREATE INDEX blocks_keyless ON blocks (engine_hash) WHERE content_key IS NULL;
 
 -- Audit views: names instead of ids, hashes in hex.
 CREATE VIEW block_entries AS
-  SELECT s.name AS source, b.dp_rank, b.medium, b.group_idx,
+  SELECT s.name AS source, b.dp_rank, b.medium, b.ownership, b.group_idx,
          printf('%016x', b.engine_hash) AS engine_hash_hex,
          printf('%016x', b.content_key) AS content_key_hex,
          printf('%016x', b.parent_hash) AS parent_hash_hex,

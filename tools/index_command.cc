@@ -151,6 +151,7 @@ struct ServeArgs {
   std::string db;
   std::string config;
   std::vector<std::string> sources;
+  std::vector<std::string> discover;
   std::string http;
   bool allow_remote = false;
   int64_t max_query_tokens = 0;
@@ -176,6 +177,11 @@ Status RunServe(const ServeArgs& a) {
     KVO_ASSIGN_OR_RETURN(SourceConfig s, ParseSourceFlag(flag));
     config.sources.push_back(std::move(s));
   }
+  for (const std::string& flag : a.discover) {
+    KVO_ASSIGN_OR_RETURN(DiscoverTarget t, ParseDiscoverFlag(flag));
+    config.discover.push_back(std::move(t));
+  }
+  KVO_RETURN_IF_ERROR(ValidateDiscoverTargets(config.discover));
   if (!a.db.empty()) config.db = a.db;
   if (!a.http.empty()) config.http = a.http;
   if (a.max_query_tokens > 0) config.max_query_tokens = a.max_query_tokens;
@@ -197,6 +203,7 @@ Status RunServe(const ServeArgs& a) {
   ready["port"] = service->http_port();
   ready["db"] = config.db;
   ready["sources"] = config.sources.size();
+  ready["discover"] = config.discover.size();
   PrintOut(Dump(ready));
   KVO_LOG_INFO("kvo index serve: listening on port {}, {} sources", service->http_port(),
                config.sources.size());
@@ -395,6 +402,7 @@ Status RunDump(const std::string& db, const std::string& source, int64_t limit) 
     j["source"] = e.source;
     j["dp_rank"] = e.dp_rank;
     j["medium"] = e.medium;
+    if (!e.ownership.empty()) j["ownership"] = e.ownership;
     j["group"] = e.group;
     j["engine_hash"] = e.engine_hash;
     j["content_key"] = e.content_key;
@@ -478,15 +486,22 @@ void AddIndexCommands(CLI::App& app) {
   index->require_subcommand(1);
 
   auto serve_args = std::make_shared<ServeArgs>();
-  CLI::App* serve = index->add_subcommand(
-      "serve",
-      "Follow KV-event publishers (--source, --config, and those registered with POST /register, "
-      "resumed at start) into a SQLite index and answer the HTTP API");
+  CLI::App* serve =
+      index->add_subcommand("serve",
+                            "Follow KV-event publishers (--source, --config, --discover, and those "
+                            "registered with POST /register, "
+                            "resumed at start) into a SQLite index and answer the HTTP API");
   serve->add_option("--db", serve_args->db, "SQLite index file (created when missing)");
   serve->add_option("--config", serve_args->config, "indexer JSON config (sources, http, ...)");
   serve->add_option("--source", serve_args->sources,
                     "NAME=ENDPOINT[,replay=EP][,topic=T][,dp_ranks=N][,dp_rank_start=K]"
                     "[,bind=true][,hash_algo=A][,hash_seed=S][,block_size=B] (repeatable)");
+  serve->add_option("--discover", serve_args->discover,
+                    "http://HOST:PORT of a vLLM API server: follow the KV-event endpoints it "
+                    "reports at GET /kv_event_sources, each DP rank registered as "
+                    "<instance_id>|<tenant_id>|<rank> "
+                    "[,instance_id=ID][,tenant_id=T][,model=M][,lora_name=L][,block_size=B]"
+                    "[,additionalsalt=S] (repeatable; model default: GET /v1/models)");
   serve->add_option("--http", serve_args->http,
                     "HOST:PORT of the HTTP API (default 127.0.0.1:8080; port 0: any)");
   serve->add_flag(

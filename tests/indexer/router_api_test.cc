@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <random>
@@ -385,6 +386,336 @@ TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
   EXPECT_GT(nontrivial, 0);
 }
 
+// The query parser reads the big list by hand (the fast path) and the rest through the JSON DOM;
+// on random bodies (key order, whitespace, nested extra keys holding brackets, quotes and escapes,
+// boundary integers) it answers exactly what the JSON itself says, and bodies the fast path must
+// not accept (floats, a key twice, a value out of range, escaped keys) get the DOM's verdict.
+// Seed printed.
+TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto ws = [&] {
+    static const char* kWs[] = {"", " ", "\n  ", "\t", "\r\n"};
+    return std::string(kWs[rng() % 5]);
+  };
+  const std::vector<std::string> extras = {R"("note": "a ] } [ { \" \\ string")",
+                                           R"("nested": {"a": [1, [2, {"b": "]"}]], "c": null})",
+                                           R"("flag": true)",
+                                           R"("n": -1.5e3)",
+                                           R"("lora_name": null)",
+                                           R"("cache_salt": "")"};
+  for (int round = 0; round < 300; ++round) {
+    const bool by_hash = rng() % 2 == 0;
+    const std::string key = by_hash ? (rng() % 2 ? "seq_hashes" : "block_hash") : "token_ids";
+    std::string list = "[" + ws();
+    const int n = static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      int64_t v;
+      switch (rng() % 5) {
+        case 0:
+          v = INT64_MAX;
+          break;
+        case 1:
+          v = INT64_MIN;
+          break;
+        case 2:
+          v = -static_cast<int64_t>(rng() % 1000);
+          break;
+        default:
+          v = static_cast<int64_t>(rng() % 200000);
+      }
+      list += (i ? "," + ws() : "") + std::to_string(v) + ws();
+    }
+    if (by_hash && rng() % 4 == 0) list += std::string(n ? "," : "") + "18446744073709551615";
+    list += "]";
+    std::vector<std::string> parts = {R"("model")" + ws() + ":" + ws() + R"("m")",
+                                      R"("block_size": 16)", "\"" + key + "\":" + ws() + list};
+    for (const std::string& e : extras) {
+      if (rng() % 2) parts.push_back(e);
+    }
+    std::shuffle(parts.begin(), parts.end(), rng);
+    std::string body = "{" + ws();
+    for (size_t i = 0; i < parts.size(); ++i) body += (i ? "," + ws() : "") + parts[i] + ws();
+    body += "}";
+    auto q = ParseRouterQuery(body, by_hash, 1000);
+    ASSERT_TRUE(q.ok()) << body << " -> " << q.status().ToString();
+    Json truth = Json::parse(body)[key];
+    if (by_hash) {
+      ASSERT_EQ(q->hashes.size(), truth.size()) << body;
+      for (size_t i = 0; i < truth.size(); ++i) {
+        const uint64_t want = truth[i].is_number_unsigned()
+                                  ? truth[i].get<uint64_t>()
+                                  : static_cast<uint64_t>(truth[i].get<int64_t>());
+        ASSERT_EQ(q->hashes[i], want) << body;
+      }
+    } else {
+      ASSERT_EQ(q->token_ids, truth.get<std::vector<int64_t>>()) << body;
+    }
+  }
+  struct Case {
+    const char* body;
+    bool ok;
+    const char* names;
+  };
+  const Case cases[] = {
+      {R"({"model": "m", "block_size": 16, "token_ids": [1, 2.5]})", false, "'token_ids[1]'"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1], "token_ids": [2, 3]})", true, ""},
+      {R"({"model": "m", "block_size": 16, "token_ids": [9223372036854775808]})", false,
+       "'token_ids[0]'"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [01]})", false, "invalid JSON"},
+      {R"({"model": "m", "block_size": 16, "tok\u0065n_ids": [7]})", true, ""},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1, 2, 3, 4, 5, 6]})", false,
+       "longer than 5"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1,]})", false, "invalid JSON"},
+      {R"({"model": "m", "block_size": 16, "token_ids": [1] )", false, "invalid JSON"},
+  };
+  for (const Case& c : cases) {
+    auto q = ParseRouterQuery(c.body, false, 5);
+    EXPECT_EQ(q.ok(), c.ok) << c.body << " -> " << q.status().ToString();
+    if (!c.ok && !q.ok()) {
+      EXPECT_NE(q.status().message().find(c.names), std::string::npos)
+          << c.body << " -> " << q.status().ToString();
+    }
+    if (c.ok && q.ok()) {
+      EXPECT_EQ(q->token_ids, Json::parse(c.body)["token_ids"].get<std::vector<int64_t>>())
+          << c.body;
+    }
+  }
+}
+
+// Two consecutive free ports (vLLM's DP rank offsets), or 0.
+int FreePortPair() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    int p = FreePort();
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(p + 1));
+    bool ok = p < 65535 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) return p;
+  }
+  return 0;
+}
+
+// "dp_ranks": 2 registers ranks dp_rank and dp_rank + 1, the second on the offset ports (vLLM's
+// rule, the same the publishers bind with); each rank is its own registration.
+TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
+  const int port = FreePortPair();
+  const int replay = FreePortPair();
+  ASSERT_GT(port, 0);
+  ASSERT_GT(replay, 0);
+  KvEventsConfig c;
+  c.enable_kv_cache_events = true;
+  c.publisher = "zmq";
+  c.endpoint = "tcp://*:" + std::to_string(port);
+  c.replay_endpoint = "tcp://*:" + std::to_string(replay);
+  auto p0 = CreateEventPublisher(c, 0);
+  auto p1 = CreateEventPublisher(c, 1);
+  ASSERT_TRUE(p0.ok() && p1.ok());
+  ASSERT_TRUE((*p0)->Publish(Store(3, kMediumGpu, 0)).ok());
+  ASSERT_TRUE((*p1)->Publish(Store(1, kMediumCpu, 1)).ok());
+  (*p0)->Flush();
+  (*p1)->Flush();
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  Json body = Json::parse(RegisterBody("tcp://127.0.0.1:" + std::to_string(port),
+                                       "tcp://127.0.0.1:" + std::to_string(replay), 0));
+  body["dp_ranks"] = 0;
+  std::string err = Error(Call(*svc, "POST", "/register", body.dump()));
+  EXPECT_NE(err.find("'dp_ranks'"), std::string::npos) << err;
+  Json overflow = body;
+  overflow["endpoint"] = "tcp://127.0.0.1:65535";
+  overflow["dp_ranks"] = 2;
+  err = Error(Call(*svc, "POST", "/register", overflow.dump()));
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 0u);  // nothing half-registered
+  body["dp_ranks"] = 2;
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/register", body.dump()))["status"], "registered successfully");
+  Json workers = Ok(Call(*svc, "GET", "/workers"))["workers"];
+  ASSERT_EQ(workers.size(), 2u);
+  EXPECT_EQ(workers[1]["dp_rank"], 1);
+  EXPECT_EQ(workers[1]["endpoint"], "tcp://127.0.0.1:" + std::to_string(port + 1));
+  EXPECT_EQ(workers[1]["replay_endpoint"], "tcp://127.0.0.1:" + std::to_string(replay + 1));
+  const Json want = Expected(3 * kBs, 3 * kBs, kBs, 0, {{"0", 3 * kBs}, {"1", kBs}});
+  ASSERT_TRUE(Eventually([&] {
+    return Json::parse(Call(*svc, "POST", "/query", QueryBody(4)).body) == want;
+  })) << Call(*svc, "POST", "/query", QueryBody(4)).body;
+  // The same request again is idempotent; unregister without dp_rank removes every rank.
+  EXPECT_EQ(Call(*svc, "POST", "/register", body.dump()).status, 200);
+  EXPECT_EQ(
+      Ok(Call(
+          *svc, "POST", "/unregister",
+          R"({"instance_id": "vllm-prefill-node1", "tenant_id": "default"})"))["removed_instances"],
+      Json::parse(R"(["vllm-prefill-node1|default|0", "vllm-prefill-node1|default|1"])"));
+  svc->Stop();
+  (*p0)->Shutdown();
+  (*p1)->Shutdown();
+}
+
+// vLLM's KVCR tier stores with "ownership": "kvcr": its copy is a residency of its own beside the
+// framework's copy of the same block on the same medium, and a removal matches the residency it
+// names (one naming kvcr never drops the framework's copy, nor the reverse). Held in memory, in
+// SQLite after compaction, and after a reopen; the tiered match counts either copy as CPU.
+EventBatch Owned(bool remove, std::vector<uint64_t> hashes, const char* ownership) {
+  std::vector<BlockHash> hs;
+  for (uint64_t h : hashes) hs.push_back(BlockHash::Uint(h));
+  EventBatch b{1700000000.0, {}, 0};
+  if (remove) {
+    BlockRemoved r;
+    r.block_hashes = hs;
+    r.medium = kMediumCpu;
+    if (ownership != nullptr) r.ownership = ownership;
+    b.events.push_back(r);
+  } else {
+    BlockStored st;
+    st.block_hashes = hs;
+    st.block_size = kBs;
+    st.medium = kMediumCpu;
+    if (ownership != nullptr) st.ownership = ownership;
+    b.events.push_back(st);
+  }
+  return b;
+}
+
+std::vector<std::string> HoldersOf(Indexer& idx, uint64_t hash) {
+  ScoreQuery q;
+  q.block_hashes = {hash};
+  auto ex = idx.Explain(q);
+  EXPECT_TRUE(ex.ok()) << ex.status().ToString();
+  std::vector<std::string> out;
+  if (!ex.ok()) return out;
+  for (const ExplainHolder& h : ex->blocks[0].holders) {
+    out.push_back(h.medium + (h.ownership.empty() ? "" : "/" + h.ownership) + " x" +
+                  std::to_string(h.refcount));
+  }
+  return out;
+}
+
+// SQL that turns a version-3 file back into the version-2 layout (blocks keyed without
+// ownership, event_log without it), as a file written by an older kvo has it.
+constexpr const char* kV2Layout =
+    "BEGIN; DROP VIEW block_entries; DROP INDEX blocks_keyless;"
+    "ALTER TABLE event_log DROP COLUMN ownership;"
+    "CREATE TABLE b2 (source_id INTEGER NOT NULL, dp_rank INTEGER NOT NULL, medium TEXT NOT "
+    "NULL, group_idx INTEGER NOT NULL, engine_hash INTEGER NOT NULL, refcount INTEGER NOT NULL,"
+    " parent_hash INTEGER, content_key INTEGER, block_size INTEGER NOT NULL, token_count "
+    "INTEGER NOT NULL, token_width INTEGER NOT NULL DEFAULT 0, token_ids BLOB, lora_name TEXT,"
+    " first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, first_seen REAL NOT NULL, "
+    "last_seen REAL NOT NULL, PRIMARY KEY (source_id, dp_rank, medium, group_idx, engine_hash))"
+    " WITHOUT ROWID;"
+    "INSERT INTO b2 SELECT source_id, dp_rank, medium, group_idx, engine_hash, refcount, "
+    "parent_hash, content_key, block_size, token_count, token_width, token_ids, lora_name, "
+    "first_seq, last_seq, first_seen, last_seen FROM blocks;"
+    "DROP TABLE blocks; ALTER TABLE b2 RENAME TO blocks;"
+    "CREATE INDEX blocks_keyless ON blocks (engine_hash) WHERE content_key IS NULL;"
+    "CREATE VIEW block_entries AS SELECT * FROM blocks;";
+
+TEST_F(RouterApiTest, OwnedCopiesAreTheirOwnResidency) {
+  const std::string path = dir_.path() + "/own.sqlite";
+  using V = std::vector<std::string>;
+  {
+    IndexerOptions o;
+    o.background_thread = false;
+    auto opened = Indexer::Open(path, o);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Indexer& idx = **opened;
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 1, Owned(false, {1, 2, 3}, nullptr)).ok());
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 2, Owned(false, {1, 2}, "kvcr")).ok());
+    EXPECT_EQ(HoldersOf(idx, 1), (V{"CPU x1", "CPU/kvcr x1"}));
+    // KVCR drops block 3, which only the framework holds: an unknown removal, nothing changes.
+    auto out = idx.ApplyBatch("s", 0, 3, Owned(true, {3}, "kvcr"));
+    ASSERT_TRUE(out.ok());
+    EXPECT_EQ(out->unknown_removals, 1);
+    EXPECT_EQ(HoldersOf(idx, 3), (V{"CPU x1"}));
+    // The framework drops block 1: KVCR's copy stays.
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 4, Owned(true, {1}, nullptr)).ok());
+    EXPECT_EQ(HoldersOf(idx, 1), (V{"CPU/kvcr x1"}));
+    ASSERT_TRUE(idx.Flush().ok());
+    ASSERT_TRUE(idx.Compact().ok());  // into `blocks`, keyed with ownership
+    ASSERT_TRUE(idx.ApplyBatch("s", 0, 5, Owned(true, {2}, "kvcr")).ok());  // stays in the log
+    ASSERT_TRUE(idx.Flush().ok());
+    EXPECT_EQ(HoldersOf(idx, 2), (V{"CPU x1"}));
+    bool saw_owned = false;
+    for (const MediumStats& m : idx.Stats().per_medium) saw_owned |= m.medium == "CPU/kvcr";
+    EXPECT_TRUE(saw_owned);
+  }
+  IndexerOptions o;
+  o.background_thread = false;
+  auto reopened = Indexer::Open(path, o);
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  Indexer& idx = **reopened;
+  EXPECT_EQ(HoldersOf(idx, 1), (V{"CPU/kvcr x1"}));
+  EXPECT_EQ(HoldersOf(idx, 2), (V{"CPU x1"}));
+  EXPECT_EQ(HoldersOf(idx, 3), (V{"CPU x1"}));
+  // The router API's tiers: an owned CPU copy is CPU.
+  ScoreQuery q;
+  q.block_hashes = {1, 2, 3};
+  auto tiered = idx.Tiered(q);
+  ASSERT_TRUE(tiered.ok());
+  ASSERT_EQ(tiered->size(), 1u);
+  EXPECT_EQ((*tiered)[0].cpu, 3);
+}
+
+// A version-2 file (before ownership) is migrated at open: its entries keep their place as the
+// framework's copies (ownership ''), log rows not yet folded too, and owned copies then work.
+TEST_F(RouterApiTest, Version2FileIsMigrated) {
+  const std::string path = dir_.path() + "/v2.sqlite";
+  {
+    IndexerOptions o;
+    o.background_thread = false;
+    auto idx = Indexer::Open(path, o);
+    ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+    ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 1, Owned(false, {1, 2}, nullptr)).ok());
+    ASSERT_TRUE((*idx)->Flush().ok());
+    ASSERT_TRUE((*idx)->Compact().ok());
+    ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 2, Owned(false, {3}, nullptr)).ok());  // log only
+    ASSERT_TRUE((*idx)->Flush().ok());
+  }
+  // Back to the version-2 layout: blocks keyed without ownership, event_log without it.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  const int rc =
+      sqlite3_exec(db, (std::string(kV2Layout) + "PRAGMA user_version = 2; COMMIT;").c_str(),
+                   nullptr, nullptr, &err);
+  ASSERT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_close(db);
+  using V = std::vector<std::string>;
+  {
+    IndexerOptions o;
+    o.read_only = true;  // a read-only open reads a version-2 file as it is
+    auto ro = Indexer::Open(path, o);
+    ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+    EXPECT_EQ(HoldersOf(**ro, 3), (V{"CPU x1"}));
+  }
+  IndexerOptions o;
+  o.background_thread = false;
+  auto idx = Indexer::Open(path, o);
+  ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+  EXPECT_EQ((*idx)->Stats().schema_version, 3);
+  EXPECT_EQ(*(*idx)->LastSequence("s", 0), 2u);
+  for (uint64_t h : {1, 2, 3}) EXPECT_EQ(HoldersOf(**idx, h), (V{"CPU x1"})) << h;
+  ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 3, Owned(false, {1}, "kvcr")).ok());
+  ASSERT_TRUE((*idx)->ApplyBatch("s", 0, 4, Owned(true, {1}, nullptr)).ok());
+  ASSERT_TRUE((*idx)->Flush().ok());
+  ASSERT_TRUE((*idx)->Compact().ok());
+  EXPECT_EQ(HoldersOf(**idx, 1), (V{"CPU/kvcr x1"}));
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "SELECT ownership FROM block_entries WHERE engine_hash_hex = "
+                               "'0000000000000001'",
+                               -1, &q, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+  EXPECT_STREQ(reinterpret_cast<const char*>(sqlite3_column_text(q, 0)), "kvcr");
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+}
+
 // A version-1 file (before registrations) gains the table at open, keeping its content.
 TEST_F(RouterApiTest, Version1FileIsMigrated) {
   const std::string path = dir_.path() + "/v1.sqlite";
@@ -398,8 +729,11 @@ TEST_F(RouterApiTest, Version1FileIsMigrated) {
   }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "DROP TABLE registrations; PRAGMA user_version = 1;", nullptr, nullptr,
-                         nullptr),
+  ASSERT_EQ(sqlite3_exec(db,
+                         (std::string(kV2Layout) +
+                          "DROP TABLE registrations; PRAGMA user_version = 1; COMMIT;")
+                             .c_str(),
+                         nullptr, nullptr, nullptr),
             SQLITE_OK);
   sqlite3_close(db);
   IndexerOptions o;
@@ -415,7 +749,7 @@ TEST_F(RouterApiTest, Version1FileIsMigrated) {
   ASSERT_TRUE(regs.ok());
   ASSERT_EQ(regs->size(), 1u);
   EXPECT_EQ((*regs)[0].name, "a@default@0");
-  EXPECT_EQ((*idx)->Stats().schema_version, 2);
+  EXPECT_EQ((*idx)->Stats().schema_version, Indexer::kSchemaVersion);
 }
 
 }  // namespace

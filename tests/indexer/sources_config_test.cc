@@ -58,7 +58,7 @@ TEST(SourcesConfigTest, RejectsBadConfigsNamingTheProblem) {
   } cases[] = {
       {"{", "invalid JSON"},
       {"[]", "expected a JSON object"},
-      {R"({"db": "x"})", "'sources' is required"},
+      {R"({"db": "x"})", "'sources' or 'discover' is required"},
       {R"({"sources": [], "colour": 1})", "unknown key 'colour'"},
       {R"({"sources": [{"endpoint": "tcp://h:1"}]})", "sources[0].name' is required"},
       {R"({"sources": [{"name": "a"}]})", "sources[0].endpoint' is required"},

@@ -567,6 +567,34 @@ TEST_F(IndexCommandTest, RefusesBadConfigurationAndRemoteHttpWithoutConsent) {
   EXPECT_EQ(content, "this is not a database, and must not be overwritten\n");
 }
 
+// `--discover`: a bad URL is refused naming it; a server that is down is logged with its URL and
+// retried while the daemon serves (GET /v1/discovery reports it failing, /health answers).
+TEST_F(IndexCommandTest, DiscoverFlagRefusesBadUrlsAndSurvivesADownServer) {
+  RunResult bad = RunCommand(
+      {KVO_BINARY, "index", "serve", "--db", Path("d.sqlite"), "--discover", "ftp://h:1"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("ftp://h:1"), std::string::npos) << bad.err;
+  // Port 1 on loopback: nothing listens there (connection refused at once).
+  auto daemon = std::make_unique<Daemon>(
+      Path("d.sqlite"), std::vector<std::string>{"--discover", "http://127.0.0.1:1,model=m"});
+  ASSERT_GT(daemon->address().port, 0);
+  Json state;
+  auto deadline = SteadyClock::now() + kGuard;
+  while (SteadyClock::now() < deadline) {
+    state = Json::parse(daemon->Call("GET", "/v1/discovery").body)["targets"][0];
+    if (state["failures"].get<int64_t>() >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(state["state"], "failing") << state;
+  EXPECT_EQ(state["url"], "http://127.0.0.1:1");
+  EXPECT_GE(state["failures"].get<int64_t>(), 2) << state;
+  EXPECT_EQ(daemon->Call("GET", "/health").status, 200);
+  daemon->child().Signal(SIGTERM);
+  EXPECT_EQ(daemon->child().Wait(SteadyClock::now() + kGuard), 0);
+  EXPECT_NE(daemon->child().err().find("discovery http://127.0.0.1:1"), std::string::npos)
+      << daemon->child().err();
+}
+
 // ---------------------------------------------------------------------------------------------
 // A vLLM-style publisher in Python: msgpack-encodes kvo's JSON batches itself, as map-encoded
 // events (vLLM >= 0.26) or legacy arrays, and answers replay with [topic, seq, payload] (after
