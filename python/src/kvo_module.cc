@@ -29,6 +29,8 @@
 
 #include "common/result.h"
 #include "common/status.h"
+#include "events/codec.h"
+#include "events/journal.h"
 #include "manager/config.h"
 #include "manager/offload_manager.h"
 #include "manager/offload_stack.h"
@@ -357,6 +359,8 @@ py::dict StatsDict(const ManagerStats& s) {
   d["active_promotion_jobs"] = s.active_promotion_jobs;
   d["active_cascade_jobs"] = s.active_cascade_jobs;
   d["events_published"] = s.events_published;
+  d["event_batches_published"] = s.event_batches_published;
+  d["event_errors"] = s.event_errors;
   d["journal_bytes"] = s.journal_bytes;
   py::list tiers;
   for (const TierStats& t : s.tiers) {
@@ -442,9 +446,13 @@ class PyManager {
   }
 
   // From the parsed config + geometry (OffloadStack).
+  // With `journal_dir`: kvo's durable event journal there (opened or created). A journal that
+  // already holds records is a restart: the manager is recovered from it (CPU blocks announced
+  // removed, file tiers reconciled with their directories) and keeps appending.
   PyManager(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
             bool enable_kv_cache_events, std::optional<int64_t> dp_rank, py::object cpu_rows,
-            bool track_blocks) {
+            bool track_blocks, const std::optional<std::string>& journal_dir,
+            const std::string& journal_fsync) {
     OffloadStackOptions o;
     o.config = Unwrap(ParseOffloadConfig(config_json, kv));
     o.geometry = Unwrap(ComputeOffloadGeometry(o.config, kv));
@@ -462,8 +470,23 @@ class PyManager {
     o.track_blocks = track_blocks;
     geometry_ = o.geometry;
     config_ = o.config;
+    if (journal_dir) {
+      if (journal_dir->empty()) throw py::value_error("journal_dir: must not be empty");
+      JournalOptions jo;
+      jo.dir = *journal_dir;
+      Result<FsyncPolicy> fsync = ParseFsyncPolicy(journal_fsync);
+      if (!fsync.ok()) throw py::value_error("journal_fsync: " + fsync.status().message());
+      jo.fsync = *fsync;
+      journal_ = Unwrap(Journal::Open(jo));
+      o.journal = journal_.get();
+      recovered_ = !journal_->empty();
+      manager_ = Unwrap(recovered_ ? RecoverOffloadManager(o, *journal_) : BuildOffloadManager(o));
+      return;
+    }
     manager_ = Unwrap(BuildOffloadManager(o));
   }
+
+  bool recovered() const { return recovered_; }
 
   py::object Lookup(py::handle key, py::handle ctx) {
     OffloadKey k = KeyFromObject(key.ptr(), "key");
@@ -589,7 +612,13 @@ class PyManager {
   void ResetCache() { M().ResetCache(); }
 
   py::list TakeEvents() {
-    M().TakeEvents(&events_);
+    if (journal_) {
+      // A journal write error is logged and counted (get_stats: event_errors); the events still
+      // go to the caller (vLLM's connector publishes them).
+      M().TakeEventsAndJournal(&events_).IgnoreError();
+    } else {
+      M().TakeEvents(&events_);
+    }
     py::list out(events_.size());
     for (size_t i = 0; i < events_.size(); ++i) {
       const OffloadingEvent& e = events_[i];
@@ -635,6 +664,14 @@ class PyManager {
     return d;
   }
 
+  // Blocks (GIL released) until every secondary tier's in-flight jobs finished; their results are
+  // taken by the next on_schedule_end.
+  void DrainTiers() {
+    OffloadManager& m = M();
+    py::gil_scoped_release release;
+    for (size_t i = 0; i < m.num_secondary_tiers(); ++i) m.secondary_tier(i).DrainJobs();
+  }
+
   // Drains the tiers' jobs and frees the manager; every later call raises.
   void Shutdown() {
     if (!manager_) return;
@@ -642,6 +679,7 @@ class PyManager {
       manager_->secondary_tier(i).DrainJobs();
     }
     manager_.reset();
+    if (journal_) Check(journal_->Sync());
   }
 
  private:
@@ -652,7 +690,9 @@ class PyManager {
   }
   static py::object LookupEnum(LookupResult r);
 
-  Rows rows_;  // declared before manager_: destroyed after it
+  Rows rows_;                         // declared before manager_: destroyed after it
+  std::unique_ptr<Journal> journal_;  // likewise
+  bool recovered_ = false;
   std::unique_ptr<OffloadManager> manager_;
   OffloadGeometry geometry_;
   OffloadConfig config_;
@@ -1112,17 +1152,20 @@ PYBIND11_MODULE(_kvo, m) {
           [](const std::string& json, uint64_t worker_kv_bytes_per_block, uint64_t gpu_block_size,
              uint64_t tokens_per_hash, uint64_t world_size, bool replicated_layout,
              bool enable_kv_cache_events, std::optional<int64_t> dp_rank, const py::dict& run,
-             py::object cpu_rows, bool track_blocks) {
+             py::object cpu_rows, bool track_blocks, std::optional<std::string> journal_dir,
+             const std::string& journal_fsync) {
             return std::make_unique<PyManager>(
                 json,
                 GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash, world_size,
                              replicated_layout),
-                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks);
+                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks,
+                journal_dir, journal_fsync);
           },
           py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
           py::arg("enable_kv_cache_events"), py::arg("data_parallel_rank"), py::arg("run"),
-          py::arg("cpu_rows"), py::arg("track_blocks"))
+          py::arg("cpu_rows"), py::arg("track_blocks"), py::arg("journal_dir") = py::none(),
+          py::arg("journal_fsync") = "never")
       .def("_lookup", &PyManager::Lookup, py::arg("key"), py::arg("req_context") = py::none())
       .def("lookup_many", &PyManager::LookupMany, py::arg("keys"),
            py::arg("req_context") = py::none())
@@ -1146,6 +1189,10 @@ PYBIND11_MODULE(_kvo, m) {
       .def("check_invariants", &PyManager::CheckInvariants)
       .def("snapshot", &PyManager::Snapshot)
       .def("geometry", &PyManager::Geometry)
+      .def("drain_tiers", &PyManager::DrainTiers,
+           "blocks until the secondary tiers' in-flight jobs finished (vLLM's drain_jobs)")
+      .def_property_readonly("recovered", &PyManager::recovered,
+                             "True when built from an existing journal (a restart)")
       .def("shutdown", &PyManager::Shutdown);
   {
     PyObject* descr =
@@ -1222,6 +1269,45 @@ PYBIND11_MODULE(_kvo, m) {
       .def_property_readonly("num_blocks", &PyFsTier::num_blocks)
       .def("shutdown", &PyFsTier::Shutdown);
 
+  m.def(
+      "read_journal",
+      [](const std::string& dir) {
+        // [(seq, ts, [(kind, [hash], medium, reason)])]: hashes as ints (u64 wire form) or bytes.
+        JournalOptions jo;
+        jo.dir = dir;
+        jo.read_only = true;
+        std::unique_ptr<Journal> j = Unwrap(Journal::Open(jo));
+        py::list out;
+        if (j->empty()) return out;
+        std::unique_ptr<JournalReader> r = Unwrap(j->NewReader(0));
+        JournalRecord rec;
+        while (Unwrap(r->Next(&rec))) {
+          EventBatch b = Unwrap(DecodeBatch(rec.payload));
+          py::list evs;
+          auto hashes = [](const std::vector<BlockHash>& hs) {
+            py::list l;
+            for (const BlockHash& h : hs) {
+              l.append(h.is_bytes() ? py::object(py::bytes(h.bytes))
+                                    : py::object(py::int_(h.Low64())));
+            }
+            return l;
+          };
+          for (const KvEvent& e : b.events) {
+            if (const auto* st = std::get_if<BlockStored>(&e)) {
+              evs.append(
+                  py::make_tuple("BlockStored", hashes(st->block_hashes), st->medium, py::none()));
+            } else if (const auto* rm = std::get_if<BlockRemoved>(&e)) {
+              evs.append(
+                  py::make_tuple("BlockRemoved", hashes(rm->block_hashes), rm->medium, rm->reason));
+            } else {
+              evs.append(py::make_tuple("AllBlocksCleared", py::list(), py::none(), py::none()));
+            }
+          }
+          out.append(py::make_tuple(rec.seq, b.ts, evs));
+        }
+        return out;
+      },
+      py::arg("dir"), "kvo's event journal in `dir`, decoded (checksums verified)");
   m.def("fs_tier_config_keys", &FsTierConfigKeys);
   m.def("offload_config_keys", &OffloadConfigKeys);
   m.def("transfer_engines", &RegisteredTransferEngines);
