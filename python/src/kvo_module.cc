@@ -31,6 +31,7 @@
 #include "common/status.h"
 #include "events/codec.h"
 #include "events/journal.h"
+#include "manager/arc_policy.h"
 #include "manager/config.h"
 #include "manager/offload_manager.h"
 #include "manager/offload_stack.h"
@@ -646,6 +647,27 @@ class PyManager {
     return d;
   }
 
+  // Inspection (tests): the ARC policy's lists (keys, LRU first) and target, as vLLM's
+  // ARCCachePolicy names them; None for another policy.
+  py::object ArcState() {
+    auto* arc = dynamic_cast<ArcPolicy*>(&M().cpu_policy());
+    if (arc == nullptr) return py::none();
+    py::dict d;
+    d["t1"] = KeysToList(arc->Keys(ArcPolicy::List::kT1));
+    d["t2"] = KeysToList(arc->Keys(ArcPolicy::List::kT2));
+    d["b1"] = KeysToList(arc->Keys(ArcPolicy::List::kB1));
+    d["b2"] = KeysToList(arc->Keys(ArcPolicy::List::kB2));
+    d["target_t1_size"] = arc->target_t1_size();
+    d["cache_capacity"] = arc->capacity();
+    return d;
+  }
+
+  void ArcSetTarget(double target) {
+    auto* arc = dynamic_cast<ArcPolicy*>(&M().cpu_policy());
+    if (arc == nullptr) throw py::value_error("eviction_policy: not arc");
+    arc->set_target_t1_size_for_testing(target);
+  }
+
   // The derived geometry (from_config only).
   py::dict Geometry() const {
     py::dict d;
@@ -1189,6 +1211,10 @@ PYBIND11_MODULE(_kvo, m) {
       .def("check_invariants", &PyManager::CheckInvariants)
       .def("snapshot", &PyManager::Snapshot)
       .def("geometry", &PyManager::Geometry)
+      .def("_arc_state", &PyManager::ArcState,
+           "tests: the ARC policy's t1/t2/b1/b2 keys (LRU first) and target_t1_size, or None")
+      .def("_arc_set_target_t1_size", &PyManager::ArcSetTarget, py::arg("target"),
+           "tests: sets the ARC policy's target_t1_size")
       .def("drain_tiers", &PyManager::DrainTiers,
            "blocks until the secondary tiers' in-flight jobs finished (vLLM's drain_jobs)")
       .def_property_readonly("recovered", &PyManager::recovered,

@@ -321,3 +321,17 @@ def test_store_call_forms_and_outputs():
     with pytest.raises(ValueError, match="no truth"):
         m.complete_store([k[3]], "r", Bad())
     m.check_invariants()
+
+
+def test_arc_state_inspection():
+    """The ARC lists as vLLM's ARCCachePolicy names them (used to run vLLM's own ARC tests against
+    kvo; python/README.md)."""
+    m = kvo.OffloadManager(2, "arc")
+    store(m, [key(1), key(2)])
+    s = m._arc_state()
+    assert s["t1"] == [key(1), key(2)] and s["t2"] == [] and s["cache_capacity"] == 2
+    m.prepare_load([key(1)])
+    m.complete_load([key(1)])
+    m._arc_set_target_t1_size(1.0)
+    assert m._arc_state()["target_t1_size"] == 1.0
+    assert kvo.OffloadManager(2)._arc_state() is None
