@@ -323,14 +323,125 @@ PyType_Spec g_store_output_spec = {"kvo._kvo.PrepareStoreOutput",
                                    static_cast<int>(sizeof(StoreOutputObject)), 0,
                                    Py_TPFLAGS_DEFAULT, g_store_output_slots};
 
-struct PyEvent {
-  py::list keys;
-  std::string medium;
-  bool removed = false;
-  std::optional<std::string> locality;
-  std::string reason;
-  int32_t tier = 0;
+// ---- events --------------------------------------------------------------------------------
+
+// kvo.OffloadingEvent: vLLM's OffloadingEvent plus kvo's reason and tier, a plain C type
+// (take_events builds one per event). Every member is a Python object made at construction.
+struct EventObject {
+  PyObject_HEAD PyObject* keys;  // list of bytes
+  PyObject* medium;              // str
+  PyObject* removed;             // bool
+  PyObject* locality;            // str or None
+  PyObject* reason;              // str
+  PyObject* tier;                // int
 };
+
+PyTypeObject* g_event_type = nullptr;
+
+void EventDealloc(PyObject* self) {
+  auto* e = reinterpret_cast<EventObject*>(self);
+  Py_XDECREF(e->keys);
+  Py_XDECREF(e->medium);
+  Py_XDECREF(e->removed);
+  Py_XDECREF(e->locality);
+  Py_XDECREF(e->reason);
+  Py_XDECREF(e->tier);
+  PyTypeObject* tp = Py_TYPE(self);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+PyObject* EventRepr(PyObject* self) {
+  auto* e = reinterpret_cast<EventObject*>(self);
+  return PyUnicode_FromFormat("OffloadingEvent(%zd keys, %U%s)", PyList_GET_SIZE(e->keys),
+                              e->medium, e->removed == Py_True ? ", removed" : "");
+}
+
+#define KVO_EVENT_MEMBER(name, doc) \
+  { #name, T_OBJECT_EX, offsetof(EventObject, name), READONLY, doc }
+PyMemberDef g_event_members[] = {
+    KVO_EVENT_MEMBER(keys, "the keys (list of bytes)"),
+    KVO_EVENT_MEMBER(medium, "\"CPU\" | \"STORAGE\""),
+    KVO_EVENT_MEMBER(removed, "True for a removal"),
+    KVO_EVENT_MEMBER(locality, "\"LOCAL\" | \"REMOTE\" | None"),
+    KVO_EVENT_MEMBER(reason,
+                     "removals: \"evicted\" | \"failed\" | \"cleared\" | \"restart\" | ..."),
+    KVO_EVENT_MEMBER(tier, "0: the CPU tier; i + 1: secondary tier i"),
+    {nullptr, 0, 0, 0, nullptr}};
+#undef KVO_EVENT_MEMBER
+
+PyType_Slot g_event_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(EventDealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(EventRepr)},
+    {Py_tp_members, g_event_members},
+    {Py_tp_doc, const_cast<char*>("vLLM's OffloadingEvent plus kvo's reason and tier")},
+    {0, nullptr}};
+
+PyType_Spec g_event_spec = {"kvo._kvo.OffloadingEvent", static_cast<int>(sizeof(EventObject)), 0,
+                            Py_TPFLAGS_DEFAULT, g_event_slots};
+
+// Interned str objects for the few values event fields take (made once, kept for the process).
+PyObject* CachedStr(const std::string& v) {
+  static std::vector<std::pair<std::string, PyObject*>> cache;
+  for (const auto& [k, o] : cache) {
+    if (k == v) {
+      Py_INCREF(o);
+      return o;
+    }
+  }
+  PyObject* o = PyUnicode_FromStringAndSize(v.data(), static_cast<Py_ssize_t>(v.size()));
+  if (o == nullptr) return nullptr;
+  if (cache.size() < 32) {
+    PyUnicode_InternInPlace(&o);
+    Py_INCREF(o);
+    cache.emplace_back(v, o);
+  }
+  return o;
+}
+
+// A new list of events (new reference); nullptr with a Python error set.
+PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(events.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const OffloadingEvent& e = events[i];
+    auto* o = reinterpret_cast<EventObject*>(g_event_type->tp_alloc(g_event_type, 0));
+    if (o == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), reinterpret_cast<PyObject*>(o));
+    o->keys = PyList_New(static_cast<Py_ssize_t>(e.keys.size()));
+    if (o->keys == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    for (size_t j = 0; j < e.keys.size(); ++j) {
+      PyObject* k = KeyToBytesRaw(e.keys[j]);
+      if (k == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+      PyList_SET_ITEM(o->keys, static_cast<Py_ssize_t>(j), k);
+    }
+    o->medium = CachedStr(e.medium);
+    o->removed = PyBool_FromLong(e.removed ? 1 : 0);
+    if (e.locality) {
+      o->locality = CachedStr(*e.locality);
+    } else {
+      Py_INCREF(Py_None);
+      o->locality = Py_None;
+    }
+    o->reason = CachedStr(e.reason);
+    o->tier = PyLong_FromLong(e.tier);
+    if (o->medium == nullptr || o->locality == nullptr || o->reason == nullptr ||
+        o->tier == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+  }
+  return out;
+}
 
 py::dict StatsDict(const ManagerStats& s) {
   py::dict d;
@@ -620,19 +731,9 @@ class PyManager {
     } else {
       M().TakeEvents(&events_);
     }
-    py::list out(events_.size());
-    for (size_t i = 0; i < events_.size(); ++i) {
-      const OffloadingEvent& e = events_[i];
-      PyEvent pe;
-      pe.keys = KeysToList(e.keys);
-      pe.medium = e.medium;
-      pe.removed = e.removed;
-      pe.locality = e.locality;
-      pe.reason = e.reason;
-      pe.tier = e.tier;
-      out[i] = py::cast(std::move(pe));
-    }
-    return out;
+    PyObject* out = EventsToList(events_);
+    if (out == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::list>(out);
   }
 
   py::dict GetStats() { return StatsDict(M().GetStats()); }
@@ -1148,17 +1249,10 @@ PYBIND11_MODULE(_kvo, m) {
   m.attr("PrepareStoreOutput") =
       py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(g_store_output_type));
 
-  py::class_<PyEvent>(m, "OffloadingEvent", "vLLM's OffloadingEvent plus kvo's reason and tier")
-      .def_readonly("keys", &PyEvent::keys)
-      .def_readonly("medium", &PyEvent::medium)
-      .def_readonly("removed", &PyEvent::removed)
-      .def_readonly("locality", &PyEvent::locality)
-      .def_readonly("reason", &PyEvent::reason)
-      .def_readonly("tier", &PyEvent::tier)
-      .def("__repr__", [](const PyEvent& e) {
-        return "OffloadingEvent(" + std::to_string(py::len(e.keys)) + " keys, " + e.medium +
-               (e.removed ? ", removed" : "") + ")";
-      });
+  g_event_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_event_spec));
+  if (g_event_type == nullptr) throw py::error_already_set();
+  m.attr("OffloadingEvent") =
+      py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(g_event_type));
 
   py::class_<PyManager> manager_cls(
       m, "OffloadManager",
