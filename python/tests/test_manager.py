@@ -155,12 +155,14 @@ def test_fuzz_argument_conversion(rng):
         name = rng.choice(methods)
         nargs = rng.randrange(0, 4)
         args = [rng.choice(pool) for _ in range(nargs)]
+        kwargs = {rng.choice(["keys", "key", "req_context", "success", "bogus"]): rng.choice(pool)
+                  for _ in range(rng.randrange(0, 3))}
         try:
-            getattr(m, name)(*args)
+            getattr(m, name)(*args, **kwargs)
         except (TypeError, ValueError, KeyError, kvo.ContractError):
             pass
         for i, x in enumerate(pool):  # a used-up iterator is rebuilt
-            if hasattr(x, "__next__") and any(x is a for a in args):
+            if hasattr(x, "__next__") and any(x is a for a in args + list(kwargs.values())):
                 pool[i] = iter([b"\x08" * 12])
     m.check_invariants()
     with pytest.raises(ValueError, match="keys"):
