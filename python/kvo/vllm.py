@@ -169,7 +169,10 @@ class KvoOffloadingSpec(_base.OffloadingSpec):
         if bpc != self.blocks_per_chunk:
             raise ValueError(f"blocks_per_chunk: kvo derives {bpc} from the config, vLLM passed "
                              f"{self.blocks_per_chunk}")
-        _journal_kwargs(self.extra_config, 0)  # kvo's journal keys checked in every process
+        if _journal_kwargs(self.extra_config, 0) and not config.enable_kv_cache_events:
+            # As vLLM's managers, kvo's emits events only under --kv-events-config.
+            logger.warning("kvo: journal_dir is set but KV cache events are off "
+                           "(--kv-events-config enable_kv_cache_events): the journal stays empty")
         fs = self.extra_config.get("journal_fsync", "never")
         if fs not in ("never", "batch", "interval"):
             raise ValueError(f"journal_fsync: expected \"never\", \"batch\" or \"interval\", "
