@@ -292,6 +292,15 @@ void OffloadManager::TakeEvents(std::vector<OffloadingEvent>* out) {
   CountEvents(*out, &m.events_taken);
 }
 
+Status OffloadManager::TakeEventsAndJournal(std::vector<OffloadingEvent>* out) {
+  Impl& m = *impl_;
+  TakeEvents(out);
+  if (m.options.publisher == nullptr && m.options.journal == nullptr) return Status::Ok();
+  std::vector<KvEvent> events;
+  for (const OffloadingEvent& e : *out) m.translator.Translate(e, &events);
+  return m.SendBatch(std::move(events));
+}
+
 void OffloadManager::TakeKvEvents(std::vector<KvEvent>* out) {
   Impl& m = *impl_;
   TakeEvents(&m.taken);

@@ -302,6 +302,11 @@ class OffloadManager {
   // The same into *out, which is cleared first; the key vectors of the events already in *out go
   // back to the manager for reuse (a loop that keeps *out allocates nothing for events once warm).
   void TakeEvents(std::vector<OffloadingEvent>* out);
+  // TakeEvents(out), and the same events in their KV form (B.9) sent as one batch to the journal /
+  // publisher (when options set one), for a caller that hands the OffloadingEvents on itself
+  // (vLLM's connector publishes what take_events returns) and keeps kvo's durable journal too.
+  // *out is filled even when sending fails; the error is counted in stats and returned.
+  Status TakeEventsAndJournal(std::vector<OffloadingEvent>* out);
   // Takes the events and appends their vLLM KV form (B.9) to *out.
   void TakeKvEvents(std::vector<KvEvent>* out);
   // Takes the events and sends them as one EventBatch to the journal / publisher (nothing when

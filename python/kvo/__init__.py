@@ -17,7 +17,12 @@ from kvo._kvo import (  # noqa: E402
     TransferEngine,
     transfer_engines,
 )
-from kvo._config import OffloadManager, make_offload_key, offload_key_parts  # noqa: E402
+from kvo._config import (  # noqa: E402
+    OffloadManager,
+    make_offload_key,
+    offload_key_parts,
+    read_journal,
+)
 
 __all__ = [
     "ContractError",
@@ -28,5 +33,6 @@ __all__ = [
     "TransferEngine",
     "make_offload_key",
     "offload_key_parts",
+    "read_journal",
     "transfer_engines",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from kvo._kvo import OffloadManager
+from kvo._kvo import OffloadManager, read_journal
 
-__all__ = ["OffloadManager", "make_offload_key", "offload_key_parts", "config_json"]
+__all__ = ["OffloadManager", "make_offload_key", "offload_key_parts", "config_json",
+           "read_journal"]
 
 
 def make_offload_key(block_hash: bytes, group_idx: int = 0) -> bytes:
@@ -59,7 +60,22 @@ def _from_config(extra_config: Mapping[str, Any], *, worker_kv_bytes_per_block: 
     `kv_connector_extra_config` dict (CPUOffloadingSpec or TieringOffloadingSpec keys, kvo's
     max_bytes / journal keys), the rest the geometry vLLM derives from the engine. `cpu_rows`
     (a writable buffer of num_blocks * row_bytes) is where file tiers read and write CPU rows;
-    without it the rows are reserved lazily in this process."""
+    without it the rows are reserved lazily in this process.
+
+    kvo's journal keys: `journal_dir` (str) keeps a durable journal of the manager's events there
+    (every take_events batch is appended and flushed: it survives a crash of the process); a
+    manager built over a journal that already holds records is a restart (recovered: CPU blocks
+    announced removed, file tiers reconciled with their directories). `journal_fsync`: "never"
+    (default), "batch" or "interval" (also survive power loss)."""
+    extra_config = dict(_mapping(extra_config))
+    journal_dir = extra_config.pop("journal_dir", None)
+    journal_fsync = extra_config.pop("journal_fsync", "never")
+    if journal_dir is not None and (not isinstance(journal_dir, str) or not journal_dir):
+        raise ValueError(f"journal_dir: expected a non-empty str (a directory), got "
+                         f"{type(journal_dir).__name__}")
+    if not isinstance(journal_fsync, str):
+        raise ValueError(f"journal_fsync: expected \"never\", \"batch\" or \"interval\", got "
+                         f"{type(journal_fsync).__name__}")
     run = {
         "model_name": model_name, "dtype": dtype,
         "tokens_per_hash": tokens_per_hash or gpu_block_size,
@@ -70,7 +86,15 @@ def _from_config(extra_config: Mapping[str, Any], *, worker_kv_bytes_per_block: 
     return OffloadManager._from_config_json(
         config_json(extra_config), worker_kv_bytes_per_block, gpu_block_size,
         tokens_per_hash or gpu_block_size, world_size, replicated_layout,
-        enable_kv_cache_events, data_parallel_rank, run, cpu_rows, track_blocks)
+        enable_kv_cache_events, data_parallel_rank, run, cpu_rows, track_blocks,
+        journal_dir, journal_fsync)
+
+
+def _mapping(extra_config: Any) -> Mapping[str, Any]:
+    if not isinstance(extra_config, Mapping):
+        raise TypeError(
+            f"kv_connector_extra_config: expected a dict, got {type(extra_config).__name__}")
+    return extra_config
 
 
 OffloadManager.from_config = staticmethod(_from_config)

@@ -90,9 +90,22 @@ def _kvo_extra_config(extra_config) -> dict:
     c = {k: v for k, v in dict(extra_config).items() if k not in _KVO_SPEC_KEYS}
     if "secondary_tiers" in c:
         c["spec_name"] = "TieringOffloadingSpec"
-    for k in ("rows_dir",):
+    for k in ("rows_dir", "journal_dir", "journal_fsync"):
         c.pop(k, None)
     return c
+
+
+def _journal_kwargs(extra_config, dp_index) -> dict:
+    """kvo's journal keys for this engine: journal_dir/dp<index> (stable across restarts, unlike
+    engine_id, so a restarted engine recovers from its own journal)."""
+    d = extra_config.get("journal_dir")
+    if d is None:
+        return {}
+    if not isinstance(d, str) or not d:
+        raise ValueError(f"journal_dir: expected a non-empty str (a directory), got "
+                         f"{type(d).__name__}")
+    return {"journal_dir": os.path.join(d, f"dp{int(dp_index or 0)}"),
+            "journal_fsync": extra_config.get("journal_fsync", "never")}
 
 
 def _geometry(config) -> dict:
@@ -137,7 +150,8 @@ def _shared_rows(extra_config, engine_id: str, nbytes: int) -> mmap.mmap:
 class KvoOffloadingSpec(_base.OffloadingSpec):
     """vLLM's OffloadingSpec backed by kvo: every key of CPUOffloadingSpec and
     TieringOffloadingSpec with vLLM's defaults and rejections, plus kvo's (max_bytes on fs tiers,
-    rows_dir)."""
+    rows_dir, journal_dir / journal_fsync: a durable journal of the manager's events under
+    journal_dir/dp<data-parallel index>, recovered from on restart)."""
 
     @classmethod
     def build_metric_definitions(cls, extra_config):
@@ -155,6 +169,14 @@ class KvoOffloadingSpec(_base.OffloadingSpec):
         if bpc != self.blocks_per_chunk:
             raise ValueError(f"blocks_per_chunk: kvo derives {bpc} from the config, vLLM passed "
                              f"{self.blocks_per_chunk}")
+        if _journal_kwargs(self.extra_config, 0) and not config.enable_kv_cache_events:
+            # As vLLM's managers, kvo's emits events only under --kv-events-config.
+            logger.warning("kvo: journal_dir is set but KV cache events are off "
+                           "(--kv-events-config enable_kv_cache_events): the journal stays empty")
+        fs = self.extra_config.get("journal_fsync", "never")
+        if fs not in ("never", "batch", "interval"):
+            raise ValueError(f"journal_fsync: expected \"never\", \"batch\" or \"interval\", "
+                             f"got {str(fs)[:64]!r}")
         self._rows: Optional[mmap.mmap] = None
 
     def _cpu_rows(self):
@@ -167,8 +189,10 @@ class KvoOffloadingSpec(_base.OffloadingSpec):
         for t in self._kvo_config.get("secondary_tiers") or []:
             _make_root(t)
         rows = self._cpu_rows() if self._kvo_config.get("secondary_tiers") else None
+        cfg = dict(self._kvo_config)
+        cfg.update(_journal_kwargs(self.extra_config, self.config.parallel.data_parallel_index))
         m = kvo.OffloadManager.from_config(
-            self._kvo_config, enable_kv_cache_events=bool(self.config.enable_kv_cache_events),
+            cfg, enable_kv_cache_events=bool(self.config.enable_kv_cache_events),
             data_parallel_rank=self.config.parallel.data_parallel_index,
             cpu_rows=rows, **_geometry(self.config), **_run_kwargs(self.config))
         return KvoManager(m, int(self._kvo_config.get("store_threshold") or 0))

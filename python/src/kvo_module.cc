@@ -14,6 +14,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <structmember.h>
 #include <sys/mman.h>
 
 #include <cstdint>
@@ -22,11 +23,15 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "common/result.h"
 #include "common/status.h"
+#include "events/codec.h"
+#include "events/journal.h"
+#include "manager/arc_policy.h"
 #include "manager/config.h"
 #include "manager/offload_manager.h"
 #include "manager/offload_stack.h"
@@ -118,6 +123,18 @@ py::bytes KeyToBytes(const OffloadKey& k) {
   return py::bytes(buf, d.size() + kGroupBytes);
 }
 
+PyObject* KeyToBytesRaw(const OffloadKey& k) {
+  char buf[kMaxKeyBytes];
+  std::string_view d = k.digest();
+  std::memcpy(buf, d.data(), d.size());
+  uint32_t g = k.group();
+  buf[d.size()] = static_cast<char>(g >> 24);
+  buf[d.size() + 1] = static_cast<char>(g >> 16);
+  buf[d.size() + 2] = static_cast<char>(g >> 8);
+  buf[d.size() + 3] = static_cast<char>(g);
+  return PyBytes_FromStringAndSize(buf, static_cast<Py_ssize_t>(d.size() + kGroupBytes));
+}
+
 py::list KeysToList(const std::vector<OffloadKey>& keys) {
   py::list out(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) out[i] = KeyToBytes(keys[i]);
@@ -169,11 +186,25 @@ void KeysFromPacked(const py::buffer& buf, size_t key_len, const char* arg,
     out->push_back(KeyFromBytes(p + off, key_len, arg));
 }
 
-py::array_t<int64_t> SlotsToArray(const std::vector<int32_t>& slots) {
-  py::array_t<int64_t> a(static_cast<py::ssize_t>(slots.size()));
-  int64_t* d = a.mutable_data();
-  for (size_t i = 0; i < slots.size(); ++i) d[i] = slots[i];
+// A new 1-D numpy int64 array (a new reference; nullptr with a Python error set). Straight through
+// numpy's C API: pybind11's array_t constructor allocates its shape and stride vectors per call.
+PyObject* NewInt64Array(Py_ssize_t n, int64_t** data) {
+  auto& api = py::detail::npy_api::get();
+  PyObject* descr = api.PyArray_DescrFromType_(py::detail::npy_api::NPY_INT64_);
+  if (descr == nullptr) return nullptr;
+  Py_intptr_t dims[1] = {n};
+  PyObject* a = api.PyArray_NewFromDescr_(api.PyArray_Type_, descr, 1, dims, nullptr, nullptr, 0,
+                                          nullptr);  // steals descr
+  if (a != nullptr) *data = reinterpret_cast<int64_t*>(py::detail::array_proxy(a)->data);
   return a;
+}
+
+py::array_t<int64_t> SlotsToArray(const std::vector<int32_t>& slots) {
+  int64_t* d = nullptr;
+  PyObject* a = NewInt64Array(static_cast<Py_ssize_t>(slots.size()), &d);
+  if (a == nullptr) throw py::error_already_set();
+  for (size_t i = 0; i < slots.size(); ++i) d[i] = slots[i];
+  return py::reinterpret_steal<py::array_t<int64_t>>(a);
 }
 
 // ---- request context -----------------------------------------------------------------------
@@ -209,20 +240,208 @@ void ContextFrom(py::handle obj, RequestContext* ctx) { ContextFrom(obj, ctx, nu
 
 // ---- enums and value types -----------------------------------------------------------------
 
-struct PyPrepareStoreOutput {
-  py::list keys_to_store;
-  py::array_t<int64_t> store_slots;
-  py::list evicted_keys;
+// ---- prepare_store's output ----------------------------------------------------------------
+
+// kvo.PrepareStoreOutput: a plain C type (no pybind11 instance machinery: the store path builds one
+// per call). keys_to_store and store_slots are built eagerly (vLLM's scheduler reads both on every
+// store); evicted_keys, which vLLM's scheduler never reads, stays as C++ keys until first read and
+// is then built once and cached.
+struct StoreOutputObject {
+  PyObject_HEAD PyObject* keys_to_store;  // list of bytes
+  PyObject* store_slots;                  // numpy int64 array
+  PyObject* evicted;                      // list of bytes once built, else nullptr
+  OffloadKey* evicted_keys;               // PyMem_Malloc'ed until `evicted` is built
+  Py_ssize_t num_evicted;
 };
 
-struct PyEvent {
-  py::list keys;
-  std::string medium;
-  bool removed = false;
-  std::optional<std::string> locality;
-  std::string reason;
-  int32_t tier = 0;
+PyTypeObject* g_store_output_type = nullptr;
+static_assert(std::is_trivially_copyable_v<OffloadKey>, "evicted keys are kept as raw bytes");
+
+PyObject* EvictedList(StoreOutputObject* o) {
+  if (o->evicted != nullptr) return o->evicted;
+  PyObject* l = PyList_New(o->num_evicted);
+  if (l == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < o->num_evicted; ++i) {
+    PyObject* b = KeyToBytesRaw(o->evicted_keys[i]);
+    if (b == nullptr) {
+      Py_DECREF(l);
+      return nullptr;
+    }
+    PyList_SET_ITEM(l, i, b);
+  }
+  o->evicted = l;
+  PyMem_Free(o->evicted_keys);
+  o->evicted_keys = nullptr;
+  o->num_evicted = 0;
+  return l;
+}
+
+void StoreOutputDealloc(PyObject* self) {
+  auto* o = reinterpret_cast<StoreOutputObject*>(self);
+  Py_XDECREF(o->keys_to_store);
+  Py_XDECREF(o->store_slots);
+  Py_XDECREF(o->evicted);
+  PyMem_Free(o->evicted_keys);
+  PyTypeObject* tp = Py_TYPE(self);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+PyObject* StoreOutputGetEvicted(PyObject* self, void*) {
+  PyObject* l = EvictedList(reinterpret_cast<StoreOutputObject*>(self));
+  Py_XINCREF(l);
+  return l;
+}
+
+PyObject* StoreOutputRepr(PyObject* self) {
+  auto* o = reinterpret_cast<StoreOutputObject*>(self);
+  Py_ssize_t ev = o->evicted != nullptr ? PyList_GET_SIZE(o->evicted) : o->num_evicted;
+  return PyUnicode_FromFormat("PrepareStoreOutput(%zd to store, %zd evicted)",
+                              PyList_GET_SIZE(o->keys_to_store), ev);
+}
+
+PyMemberDef g_store_output_members[] = {
+    {"keys_to_store", T_OBJECT_EX, offsetof(StoreOutputObject, keys_to_store), READONLY,
+     "the keys to store (list of bytes), a subsequence of the keys passed"},
+    {"store_slots", T_OBJECT_EX, offsetof(StoreOutputObject, store_slots), READONLY,
+     "their CPU slots (numpy int64, co-indexed with keys_to_store): the CPULoadStoreSpec"},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyGetSetDef g_store_output_getset[] = {{"evicted_keys", StoreOutputGetEvicted, nullptr,
+                                        "the keys evicted to make room (list)", nullptr},
+                                       {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyType_Slot g_store_output_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(StoreOutputDealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(StoreOutputRepr)},
+    {Py_tp_members, g_store_output_members},
+    {Py_tp_getset, g_store_output_getset},
+    {Py_tp_doc, const_cast<char*>("vLLM's PrepareStoreOutput; store_slots is the CPU spec")},
+    {0, nullptr}};
+
+PyType_Spec g_store_output_spec = {"kvo._kvo.PrepareStoreOutput",
+                                   static_cast<int>(sizeof(StoreOutputObject)), 0,
+                                   Py_TPFLAGS_DEFAULT, g_store_output_slots};
+
+// ---- events --------------------------------------------------------------------------------
+
+// kvo.OffloadingEvent: vLLM's OffloadingEvent plus kvo's reason and tier, a plain C type
+// (take_events builds one per event). Every member is a Python object made at construction.
+struct EventObject {
+  PyObject_HEAD PyObject* keys;  // list of bytes
+  PyObject* medium;              // str
+  PyObject* removed;             // bool
+  PyObject* locality;            // str or None
+  PyObject* reason;              // str
+  PyObject* tier;                // int
 };
+
+PyTypeObject* g_event_type = nullptr;
+
+void EventDealloc(PyObject* self) {
+  auto* e = reinterpret_cast<EventObject*>(self);
+  Py_XDECREF(e->keys);
+  Py_XDECREF(e->medium);
+  Py_XDECREF(e->removed);
+  Py_XDECREF(e->locality);
+  Py_XDECREF(e->reason);
+  Py_XDECREF(e->tier);
+  PyTypeObject* tp = Py_TYPE(self);
+  tp->tp_free(self);
+  Py_DECREF(tp);
+}
+
+PyObject* EventRepr(PyObject* self) {
+  auto* e = reinterpret_cast<EventObject*>(self);
+  return PyUnicode_FromFormat("OffloadingEvent(%zd keys, %U%s)", PyList_GET_SIZE(e->keys),
+                              e->medium, e->removed == Py_True ? ", removed" : "");
+}
+
+#define KVO_EVENT_MEMBER(name, doc) \
+  { #name, T_OBJECT_EX, offsetof(EventObject, name), READONLY, doc }
+PyMemberDef g_event_members[] = {
+    KVO_EVENT_MEMBER(keys, "the keys (list of bytes)"),
+    KVO_EVENT_MEMBER(medium, "\"CPU\" | \"STORAGE\""),
+    KVO_EVENT_MEMBER(removed, "True for a removal"),
+    KVO_EVENT_MEMBER(locality, "\"LOCAL\" | \"REMOTE\" | None"),
+    KVO_EVENT_MEMBER(reason,
+                     "removals: \"evicted\" | \"failed\" | \"cleared\" | \"restart\" | ..."),
+    KVO_EVENT_MEMBER(tier, "0: the CPU tier; i + 1: secondary tier i"),
+    {nullptr, 0, 0, 0, nullptr}};
+#undef KVO_EVENT_MEMBER
+
+PyType_Slot g_event_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(EventDealloc)},
+    {Py_tp_repr, reinterpret_cast<void*>(EventRepr)},
+    {Py_tp_members, g_event_members},
+    {Py_tp_doc, const_cast<char*>("vLLM's OffloadingEvent plus kvo's reason and tier")},
+    {0, nullptr}};
+
+PyType_Spec g_event_spec = {"kvo._kvo.OffloadingEvent", static_cast<int>(sizeof(EventObject)), 0,
+                            Py_TPFLAGS_DEFAULT, g_event_slots};
+
+// Interned str objects for the few values event fields take (made once, kept for the process).
+PyObject* CachedStr(const std::string& v) {
+  static std::vector<std::pair<std::string, PyObject*>> cache;
+  for (const auto& [k, o] : cache) {
+    if (k == v) {
+      Py_INCREF(o);
+      return o;
+    }
+  }
+  PyObject* o = PyUnicode_FromStringAndSize(v.data(), static_cast<Py_ssize_t>(v.size()));
+  if (o == nullptr) return nullptr;
+  if (cache.size() < 32) {
+    PyUnicode_InternInPlace(&o);
+    Py_INCREF(o);
+    cache.emplace_back(v, o);
+  }
+  return o;
+}
+
+// A new list of events (new reference); nullptr with a Python error set.
+PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(events.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const OffloadingEvent& e = events[i];
+    auto* o = reinterpret_cast<EventObject*>(g_event_type->tp_alloc(g_event_type, 0));
+    if (o == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), reinterpret_cast<PyObject*>(o));
+    o->keys = PyList_New(static_cast<Py_ssize_t>(e.keys.size()));
+    if (o->keys == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    for (size_t j = 0; j < e.keys.size(); ++j) {
+      PyObject* k = KeyToBytesRaw(e.keys[j]);
+      if (k == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+      PyList_SET_ITEM(o->keys, static_cast<Py_ssize_t>(j), k);
+    }
+    o->medium = CachedStr(e.medium);
+    o->removed = PyBool_FromLong(e.removed ? 1 : 0);
+    if (e.locality) {
+      o->locality = CachedStr(*e.locality);
+    } else {
+      Py_INCREF(Py_None);
+      o->locality = Py_None;
+    }
+    o->reason = CachedStr(e.reason);
+    o->tier = PyLong_FromLong(e.tier);
+    if (o->medium == nullptr || o->locality == nullptr || o->reason == nullptr ||
+        o->tier == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+  }
+  return out;
+}
 
 py::dict StatsDict(const ManagerStats& s) {
   py::dict d;
@@ -252,6 +471,8 @@ py::dict StatsDict(const ManagerStats& s) {
   d["active_promotion_jobs"] = s.active_promotion_jobs;
   d["active_cascade_jobs"] = s.active_cascade_jobs;
   d["events_published"] = s.events_published;
+  d["event_batches_published"] = s.event_batches_published;
+  d["event_errors"] = s.event_errors;
   d["journal_bytes"] = s.journal_bytes;
   py::list tiers;
   for (const TierStats& t : s.tiers) {
@@ -337,9 +558,13 @@ class PyManager {
   }
 
   // From the parsed config + geometry (OffloadStack).
+  // With `journal_dir`: kvo's durable event journal there (opened or created). A journal that
+  // already holds records is a restart: the manager is recovered from it (CPU blocks announced
+  // removed, file tiers reconciled with their directories) and keeps appending.
   PyManager(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
             bool enable_kv_cache_events, std::optional<int64_t> dp_rank, py::object cpu_rows,
-            bool track_blocks) {
+            bool track_blocks, const std::optional<std::string>& journal_dir,
+            const std::string& journal_fsync) {
     OffloadStackOptions o;
     o.config = Unwrap(ParseOffloadConfig(config_json, kv));
     o.geometry = Unwrap(ComputeOffloadGeometry(o.config, kv));
@@ -357,8 +582,23 @@ class PyManager {
     o.track_blocks = track_blocks;
     geometry_ = o.geometry;
     config_ = o.config;
+    if (journal_dir) {
+      if (journal_dir->empty()) throw py::value_error("journal_dir: must not be empty");
+      JournalOptions jo;
+      jo.dir = *journal_dir;
+      Result<FsyncPolicy> fsync = ParseFsyncPolicy(journal_fsync);
+      if (!fsync.ok()) throw py::value_error("journal_fsync: " + fsync.status().message());
+      jo.fsync = *fsync;
+      journal_ = Unwrap(Journal::Open(jo));
+      o.journal = journal_.get();
+      recovered_ = !journal_->empty();
+      manager_ = Unwrap(recovered_ ? RecoverOffloadManager(o, *journal_) : BuildOffloadManager(o));
+      return;
+    }
     manager_ = Unwrap(BuildOffloadManager(o));
   }
+
+  bool recovered() const { return recovered_; }
 
   py::object Lookup(py::handle key, py::handle ctx) {
     OffloadKey k = KeyFromObject(key.ptr(), "key");
@@ -406,16 +646,62 @@ class PyManager {
     Check(M().CompleteLoad(keys_, ctx_));
   }
 
-  py::object PrepareStore(py::handle keys, py::handle ctx) {
+  // vLLM's prepare_store: a new PrepareStoreOutput, or None ("cannot store"). New reference.
+  PyObject* PrepareStore(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
     ContextFrom(ctx, &ctx_, &last_ctx_);
     bool ok = Unwrap(M().PrepareStore(keys_, ctx_, &store_out_));
-    if (!ok) return py::none();
-    PyPrepareStoreOutput out;
-    out.keys_to_store = KeysToList(store_out_.keys_to_store);
-    out.store_slots = SlotsToArray(store_out_.slots);
-    out.evicted_keys = KeysToList(store_out_.evicted_keys);
-    return py::cast(std::move(out));
+    if (!ok) Py_RETURN_NONE;
+    const PrepareStoreOutput& o = store_out_;
+    const auto n = static_cast<Py_ssize_t>(o.keys_to_store.size());
+    py::object kl = py::reinterpret_steal<py::object>(PyList_New(n));
+    if (!kl) throw py::error_already_set();
+    // keys_to_store is a subsequence of the keys passed (input order, first occurrences): hand
+    // back the caller's own bytes objects where it passed a list or tuple of bytes.
+    PyObject* in = keys.ptr();
+    Py_ssize_t j = 0;
+    if (PyList_Check(in) || PyTuple_Check(in)) {
+      PyObject** items = PySequence_Fast_ITEMS(in);
+      for (size_t i = 0; i < keys_.size() && j < n; ++i) {
+        if (!(keys_[i] == o.keys_to_store[static_cast<size_t>(j)])) continue;
+        PyObject* k = items[i];
+        if (PyBytes_CheckExact(k)) {
+          Py_INCREF(k);
+        } else if ((k = KeyToBytesRaw(keys_[i])) == nullptr) {
+          throw py::error_already_set();
+        }
+        PyList_SET_ITEM(kl.ptr(), j++, k);
+      }
+    }
+    for (; j < n; ++j) {
+      PyObject* k = KeyToBytesRaw(o.keys_to_store[static_cast<size_t>(j)]);
+      if (k == nullptr) throw py::error_already_set();
+      PyList_SET_ITEM(kl.ptr(), j, k);
+    }
+    int64_t* d = nullptr;
+    py::object slots = py::reinterpret_steal<py::object>(NewInt64Array(n, &d));
+    if (!slots) throw py::error_already_set();
+    for (Py_ssize_t i = 0; i < n; ++i) d[i] = o.slots[static_cast<size_t>(i)];
+    OffloadKey* ev = nullptr;
+    const auto ne = static_cast<Py_ssize_t>(o.evicted_keys.size());
+    if (ne > 0) {
+      ev = static_cast<OffloadKey*>(PyMem_Malloc(static_cast<size_t>(ne) * sizeof(OffloadKey)));
+      if (ev == nullptr) throw std::bad_alloc();
+      std::memcpy(static_cast<void*>(ev), o.evicted_keys.data(),
+                  static_cast<size_t>(ne) * sizeof(OffloadKey));
+    }
+    auto* out =
+        reinterpret_cast<StoreOutputObject*>(g_store_output_type->tp_alloc(g_store_output_type, 0));
+    if (out == nullptr) {
+      PyMem_Free(ev);
+      throw py::error_already_set();
+    }
+    out->keys_to_store = kl.release().ptr();
+    out->store_slots = slots.release().ptr();
+    out->evicted = nullptr;
+    out->evicted_keys = ev;
+    out->num_evicted = ne;
+    return reinterpret_cast<PyObject*>(out);
   }
 
   void CompleteStore(py::handle keys, py::handle ctx, bool success) {
@@ -438,20 +724,16 @@ class PyManager {
   void ResetCache() { M().ResetCache(); }
 
   py::list TakeEvents() {
-    M().TakeEvents(&events_);
-    py::list out(events_.size());
-    for (size_t i = 0; i < events_.size(); ++i) {
-      const OffloadingEvent& e = events_[i];
-      PyEvent pe;
-      pe.keys = KeysToList(e.keys);
-      pe.medium = e.medium;
-      pe.removed = e.removed;
-      pe.locality = e.locality;
-      pe.reason = e.reason;
-      pe.tier = e.tier;
-      out[i] = py::cast(std::move(pe));
+    if (journal_) {
+      // A journal write error is logged and counted (get_stats: event_errors); the events still
+      // go to the caller (vLLM's connector publishes them).
+      M().TakeEventsAndJournal(&events_).IgnoreError();
+    } else {
+      M().TakeEvents(&events_);
     }
-    return out;
+    PyObject* out = EventsToList(events_);
+    if (out == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::list>(out);
   }
 
   py::dict GetStats() { return StatsDict(M().GetStats()); }
@@ -464,6 +746,27 @@ class PyManager {
     d["cpu"] = KeysToList(s.cpu);
     d["storage"] = KeysToList(s.storage);
     return d;
+  }
+
+  // Inspection (tests): the ARC policy's lists (keys, LRU first) and target, as vLLM's
+  // ARCCachePolicy names them; None for another policy.
+  py::object ArcState() {
+    auto* arc = dynamic_cast<ArcPolicy*>(&M().cpu_policy());
+    if (arc == nullptr) return py::none();
+    py::dict d;
+    d["t1"] = KeysToList(arc->Keys(ArcPolicy::List::kT1));
+    d["t2"] = KeysToList(arc->Keys(ArcPolicy::List::kT2));
+    d["b1"] = KeysToList(arc->Keys(ArcPolicy::List::kB1));
+    d["b2"] = KeysToList(arc->Keys(ArcPolicy::List::kB2));
+    d["target_t1_size"] = arc->target_t1_size();
+    d["cache_capacity"] = arc->capacity();
+    return d;
+  }
+
+  void ArcSetTarget(double target) {
+    auto* arc = dynamic_cast<ArcPolicy*>(&M().cpu_policy());
+    if (arc == nullptr) throw py::value_error("eviction_policy: not arc");
+    arc->set_target_t1_size_for_testing(target);
   }
 
   // The derived geometry (from_config only).
@@ -484,6 +787,14 @@ class PyManager {
     return d;
   }
 
+  // Blocks (GIL released) until every secondary tier's in-flight jobs finished; their results are
+  // taken by the next on_schedule_end.
+  void DrainTiers() {
+    OffloadManager& m = M();
+    py::gil_scoped_release release;
+    for (size_t i = 0; i < m.num_secondary_tiers(); ++i) m.secondary_tier(i).DrainJobs();
+  }
+
   // Drains the tiers' jobs and frees the manager; every later call raises.
   void Shutdown() {
     if (!manager_) return;
@@ -491,6 +802,7 @@ class PyManager {
       manager_->secondary_tier(i).DrainJobs();
     }
     manager_.reset();
+    if (journal_) Check(journal_->Sync());
   }
 
  private:
@@ -501,7 +813,9 @@ class PyManager {
   }
   static py::object LookupEnum(LookupResult r);
 
-  Rows rows_;  // declared before manager_: destroyed after it
+  Rows rows_;                         // declared before manager_: destroyed after it
+  std::unique_ptr<Journal> journal_;  // likewise
+  bool recovered_ = false;
   std::unique_ptr<OffloadManager> manager_;
   OffloadGeometry geometry_;
   OffloadConfig config_;
@@ -521,6 +835,8 @@ py::object PyManager::LookupEnum(LookupResult r) {
   return py::reinterpret_borrow<py::object>(g_lookup_values[static_cast<int>(r)]);
 }
 
+PyManager* Self(PyObject* self);
+
 // `lookup` through CPython's vectorcall protocol: the per-key call is the scheduler's hot path and
 // pybind11's generic dispatcher costs more than the lookup itself. Positional calls land here;
 // calls with keywords go to the pybind11 method kept as `_lookup`.
@@ -530,12 +846,8 @@ PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
       py::object slow = py::reinterpret_borrow<py::object>(self).attr("_lookup");
       return PyObject_Vectorcall(slow.ptr(), args, static_cast<size_t>(nargs), kwnames);
     }
-    auto* inst = reinterpret_cast<py::detail::instance*>(self);
-    void* v =
-        inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
-    if (v == nullptr) throw py::type_error("OffloadManager: not initialised");
     py::handle ctx = nargs == 2 ? py::handle(args[1]) : py::none();
-    return static_cast<PyManager*>(v)->Lookup(args[0], ctx).release().ptr();
+    return Self(self)->Lookup(args[0], ctx).release().ptr();
   } catch (py::error_already_set& e) {
     e.restore();
   } catch (py::builtin_exception& e) {
@@ -545,6 +857,104 @@ PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
   }
   return nullptr;
 }
+
+PyManager* Self(PyObject* self) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  void* v =
+      inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
+  if (v == nullptr) throw py::type_error("OffloadManager: not initialised");
+  return static_cast<PyManager*>(v);
+}
+
+// Binds a METH_FASTCALL | METH_KEYWORDS call's arguments to `names` (out[i] stays nullptr when
+// not given; the first `required` are required). TypeError names the function and argument.
+void BindArgs(const char* fn, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+              const char* const* names, int num_names, int required, PyObject** out) {
+  for (int i = 0; i < num_names; ++i) out[i] = nullptr;
+  if (nargs > num_names) {
+    throw py::type_error(std::string(fn) + "() takes at most " + std::to_string(num_names) +
+                         " arguments (" + std::to_string(nargs) + " given)");
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) out[i] = args[i];
+  const Py_ssize_t nk = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nk; ++k) {
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    if (name == nullptr) throw py::error_already_set();
+    int at = -1;
+    for (int i = 0; i < num_names; ++i) {
+      if (std::strcmp(name, names[i]) == 0) at = i;
+    }
+    if (at < 0) {
+      throw py::type_error(std::string(fn) + "() got an unexpected keyword argument '" +
+                           std::string(name).substr(0, 64) + "'");
+    }
+    if (out[at] != nullptr) {
+      throw py::type_error(std::string(fn) + "() got multiple values for argument '" + names[at] +
+                           "'");
+    }
+    out[at] = args[nargs + k];
+  }
+  for (int i = 0; i < required; ++i) {
+    if (out[i] == nullptr) {
+      throw py::type_error(std::string(fn) + "() missing required argument '" + names[i] + "'");
+    }
+  }
+}
+
+// Runs `f` (returning a new reference) with C++ exceptions turned into Python ones.
+template <class F>
+PyObject* Guarded(F&& f) {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+// prepare_store and complete_store through vectorcall, as lookup: once per request per step in
+// vLLM's scheduler, and pybind11's dispatcher cost as much as the C++ store path itself.
+PyObject* FastPrepareStore(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                           PyObject* kwnames) {
+  return Guarded([&]() -> PyObject* {
+    static const char* const kNames[] = {"keys", "req_context"};
+    PyObject* a[2];
+    BindArgs("prepare_store", args, nargs, kwnames, kNames, 2, 1, a);
+    return Self(self)->PrepareStore(a[0], a[1] != nullptr ? a[1] : Py_None);
+  });
+}
+
+PyObject* FastCompleteStore(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                            PyObject* kwnames) {
+  return Guarded([&]() -> PyObject* {
+    static const char* const kNames[] = {"keys", "req_context", "success"};
+    PyObject* a[3];
+    BindArgs("complete_store", args, nargs, kwnames, kNames, 3, 1, a);
+    bool success = true;
+    if (a[2] != nullptr) {
+      const int t = PyObject_IsTrue(a[2]);
+      if (t < 0) throw py::error_already_set();
+      success = t != 0;
+    }
+    Self(self)->CompleteStore(a[0], a[1] != nullptr ? a[1] : Py_None, success);
+    Py_RETURN_NONE;
+  });
+}
+
+PyMethodDef g_fast_store_defs[] = {
+    {"prepare_store", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastPrepareStore)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "prepare_store(keys, req_context=None) -> PrepareStoreOutput | None: vLLM's prepare_store"},
+    {"complete_store",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastCompleteStore)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "complete_store(keys, req_context=None, success=True): vLLM's complete_store"}};
 
 PyMethodDef g_fast_lookup_def = {
     "lookup", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(FastLookup)),
@@ -834,27 +1244,15 @@ PYBIND11_MODULE(_kvo, m) {
     g_lookup_values[static_cast<int>(r)] = py::cast(r).release().ptr();
   }
 
-  py::class_<PyPrepareStoreOutput>(m, "PrepareStoreOutput",
-                                   "vLLM's PrepareStoreOutput; store_slots is the CPU spec")
-      .def_readonly("keys_to_store", &PyPrepareStoreOutput::keys_to_store)
-      .def_readonly("store_slots", &PyPrepareStoreOutput::store_slots)
-      .def_readonly("evicted_keys", &PyPrepareStoreOutput::evicted_keys)
-      .def("__repr__", [](const PyPrepareStoreOutput& o) {
-        return "PrepareStoreOutput(" + std::to_string(py::len(o.keys_to_store)) + " to store, " +
-               std::to_string(py::len(o.evicted_keys)) + " evicted)";
-      });
+  g_store_output_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_store_output_spec));
+  if (g_store_output_type == nullptr) throw py::error_already_set();
+  m.attr("PrepareStoreOutput") =
+      py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(g_store_output_type));
 
-  py::class_<PyEvent>(m, "OffloadingEvent", "vLLM's OffloadingEvent plus kvo's reason and tier")
-      .def_readonly("keys", &PyEvent::keys)
-      .def_readonly("medium", &PyEvent::medium)
-      .def_readonly("removed", &PyEvent::removed)
-      .def_readonly("locality", &PyEvent::locality)
-      .def_readonly("reason", &PyEvent::reason)
-      .def_readonly("tier", &PyEvent::tier)
-      .def("__repr__", [](const PyEvent& e) {
-        return "OffloadingEvent(" + std::to_string(py::len(e.keys)) + " keys, " + e.medium +
-               (e.removed ? ", removed" : "") + ")";
-      });
+  g_event_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_event_spec));
+  if (g_event_type == nullptr) throw py::error_already_set();
+  m.attr("OffloadingEvent") =
+      py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(g_event_type));
 
   py::class_<PyManager> manager_cls(
       m, "OffloadManager",
@@ -870,17 +1268,20 @@ PYBIND11_MODULE(_kvo, m) {
           [](const std::string& json, uint64_t worker_kv_bytes_per_block, uint64_t gpu_block_size,
              uint64_t tokens_per_hash, uint64_t world_size, bool replicated_layout,
              bool enable_kv_cache_events, std::optional<int64_t> dp_rank, const py::dict& run,
-             py::object cpu_rows, bool track_blocks) {
+             py::object cpu_rows, bool track_blocks, std::optional<std::string> journal_dir,
+             const std::string& journal_fsync) {
             return std::make_unique<PyManager>(
                 json,
                 GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash, world_size,
                              replicated_layout),
-                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks);
+                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks,
+                journal_dir, journal_fsync);
           },
           py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
           py::arg("enable_kv_cache_events"), py::arg("data_parallel_rank"), py::arg("run"),
-          py::arg("cpu_rows"), py::arg("track_blocks"))
+          py::arg("cpu_rows"), py::arg("track_blocks"), py::arg("journal_dir") = py::none(),
+          py::arg("journal_fsync") = "never")
       .def("_lookup", &PyManager::Lookup, py::arg("key"), py::arg("req_context") = py::none())
       .def("lookup_many", &PyManager::LookupMany, py::arg("keys"),
            py::arg("req_context") = py::none())
@@ -894,10 +1295,6 @@ PYBIND11_MODULE(_kvo, m) {
       .def("touch", &PyManager::Touch, py::arg("keys"), py::arg("req_context") = py::none())
       .def("complete_load", &PyManager::CompleteLoad, py::arg("keys"),
            py::arg("req_context") = py::none())
-      .def("prepare_store", &PyManager::PrepareStore, py::arg("keys"),
-           py::arg("req_context") = py::none())
-      .def("complete_store", &PyManager::CompleteStore, py::arg("keys"),
-           py::arg("req_context") = py::none(), py::arg("success") = true)
       .def("on_new_request", &PyManager::OnNewRequest, py::arg("req_context"))
       .def("on_request_finished", &PyManager::OnRequestFinished, py::arg("req_context"))
       .def("on_schedule_end", &PyManager::OnScheduleEnd)
@@ -908,12 +1305,25 @@ PYBIND11_MODULE(_kvo, m) {
       .def("check_invariants", &PyManager::CheckInvariants)
       .def("snapshot", &PyManager::Snapshot)
       .def("geometry", &PyManager::Geometry)
+      .def("_arc_state", &PyManager::ArcState,
+           "tests: the ARC policy's t1/t2/b1/b2 keys (LRU first) and target_t1_size, or None")
+      .def("_arc_set_target_t1_size", &PyManager::ArcSetTarget, py::arg("target"),
+           "tests: sets the ARC policy's target_t1_size")
+      .def("drain_tiers", &PyManager::DrainTiers,
+           "blocks until the secondary tiers' in-flight jobs finished (vLLM's drain_jobs)")
+      .def_property_readonly("recovered", &PyManager::recovered,
+                             "True when built from an existing journal (a restart)")
       .def("shutdown", &PyManager::Shutdown);
   {
     PyObject* descr =
         PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(manager_cls.ptr()), &g_fast_lookup_def);
     if (descr == nullptr) throw py::error_already_set();
     manager_cls.attr("lookup") = py::reinterpret_steal<py::object>(descr);
+    for (PyMethodDef& def : g_fast_store_defs) {
+      PyObject* d = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(manager_cls.ptr()), &def);
+      if (d == nullptr) throw py::error_already_set();
+      manager_cls.attr(def.ml_name) = py::reinterpret_steal<py::object>(d);
+    }
   }
 
   py::class_<PyEngine>(m, "TransferEngine",
@@ -979,6 +1389,45 @@ PYBIND11_MODULE(_kvo, m) {
       .def_property_readonly("num_blocks", &PyFsTier::num_blocks)
       .def("shutdown", &PyFsTier::Shutdown);
 
+  m.def(
+      "read_journal",
+      [](const std::string& dir) {
+        // [(seq, ts, [(kind, [hash], medium, reason)])]: hashes as ints (u64 wire form) or bytes.
+        JournalOptions jo;
+        jo.dir = dir;
+        jo.read_only = true;
+        std::unique_ptr<Journal> j = Unwrap(Journal::Open(jo));
+        py::list out;
+        if (j->empty()) return out;
+        std::unique_ptr<JournalReader> r = Unwrap(j->NewReader(0));
+        JournalRecord rec;
+        while (Unwrap(r->Next(&rec))) {
+          EventBatch b = Unwrap(DecodeBatch(rec.payload));
+          py::list evs;
+          auto hashes = [](const std::vector<BlockHash>& hs) {
+            py::list l;
+            for (const BlockHash& h : hs) {
+              l.append(h.is_bytes() ? py::object(py::bytes(h.bytes))
+                                    : py::object(py::int_(h.Low64())));
+            }
+            return l;
+          };
+          for (const KvEvent& e : b.events) {
+            if (const auto* st = std::get_if<BlockStored>(&e)) {
+              evs.append(
+                  py::make_tuple("BlockStored", hashes(st->block_hashes), st->medium, py::none()));
+            } else if (const auto* rm = std::get_if<BlockRemoved>(&e)) {
+              evs.append(
+                  py::make_tuple("BlockRemoved", hashes(rm->block_hashes), rm->medium, rm->reason));
+            } else {
+              evs.append(py::make_tuple("AllBlocksCleared", py::list(), py::none(), py::none()));
+            }
+          }
+          out.append(py::make_tuple(rec.seq, b.ts, evs));
+        }
+        return out;
+      },
+      py::arg("dir"), "kvo's event journal in `dir`, decoded (checksums verified)");
   m.def("fs_tier_config_keys", &FsTierConfigKeys);
   m.def("offload_config_keys", &OffloadConfigKeys);
   m.def("transfer_engines", &RegisteredTransferEngines);

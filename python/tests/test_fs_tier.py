@@ -166,3 +166,85 @@ def test_bounded_by_max_bytes(vllm_standin, tmp_path):
     assert len(removed) == 2 and all(e.medium is Medium.STORAGE for e in ev)
     assert len(glob.glob(str(root / "**" / "*.bin"), recursive=True)) == 2
     tier.shutdown()
+
+
+_JOURNAL_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]
+    from conftest import make_offloading_config
+    from vllm.v1.kv_offload import base
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    import json
+    cfg = json.loads(sys.argv[2])
+    spec = OffloadingSpecFactory.create_spec(make_offloading_config(cfg))
+    m = spec.get_manager()
+    ctx = base.ReqContext(req_id="r")
+    keys = [bytes([i]) * 32 + b"\\0\\0\\0\\0" for i in range(1, 5)]
+    out = m.prepare_store(keys, ctx)
+    m.complete_store(out.keys_to_store, ctx)
+    for _ in range(100):  # the cascade to the file tier, waited for by draining (no sleeps)
+        m.native.drain_tiers()
+        m.on_schedule_end(base.ScheduleEndContext((), ()))
+        if not m.has_pending_work():
+            break
+    events = list(m.take_events())
+    print(json.dumps([[e.medium.value, e.removed, len(e.keys)] for e in events]), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # no shutdown: the journal must already hold them
+""")
+
+
+def test_journal_dir_survives_a_killed_process(vllm_standin, tmp_path):
+    """KvoOffloadingSpec with journal_dir: the manager's events are journaled as take_events hands
+    them to vLLM; after the process is killed, a new manager recovers from the journal (the CPU
+    tier announced removed), lookups hit what the file tier holds, and the journal replays."""
+    from vllm.v1.kv_offload import base
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    import kvo
+    cfg = {"spec_name": "KvoOffloadingSpec", "spec_module_path": "kvo.vllm",
+           "cpu_bytes_to_use": NUM_ROWS * ROW, "rows_dir": str(tmp_path),
+           "journal_dir": str(tmp_path / "journal"),
+           "secondary_tiers": [{"type": "fs", "root_dir": str(tmp_path / "fs"),
+                                "n_read_threads": 1, "n_write_threads": 1,
+                                "enable_kv_events": True}]}
+    tests = os.path.dirname(os.path.abspath(__file__))
+    child = subprocess.run([sys.executable, "-c", _JOURNAL_CHILD, STANDIN, json.dumps(cfg)],
+                           capture_output=True, text=True, timeout=120, cwd=tests)
+    assert child.returncode == -9, child.stderr[-2000:]
+    taken = json.loads(child.stdout.strip().splitlines()[-1])
+    assert ["CPU", False, 4] in taken and ["STORAGE", False, 4] in taken, taken
+
+    journal = str(tmp_path / "journal" / "dp0")
+    def count(records):  # block hashes per (kind, medium, reason)
+        c = {}
+        for _, _, evs in records:
+            for kind, hashes, medium, reason in evs:
+                c[(kind, medium, reason)] = c.get((kind, medium, reason), 0) + len(hashes)
+        return c
+    before = kvo.read_journal(journal)
+    assert count(before) == {("BlockStored", "CPU", None): 4,
+                             ("BlockStored", "STORAGE", None): 4}, count(before)
+
+    spec = OffloadingSpecFactory.create_spec(make_offloading_config(cfg))
+    m = spec.get_manager()
+    assert m.native.recovered
+    ctx = base.ReqContext(req_id="r2")
+    keys = [bytes([i]) * 32 + b"\0\0\0\0" for i in range(1, 5)]
+    first = [m.lookup(k, ctx) for k in keys]
+    assert all(r in (base.LookupResult.RETRY, base.LookupResult.HIT_PENDING) for r in first), first
+    for _ in range(100):  # vLLM's asynchronous lookup: RETRY until a step ends
+        m.native.drain_tiers()
+        m.on_schedule_end(base.ScheduleEndContext((), ()))
+        if all(m.lookup(k, ctx) is not base.LookupResult.RETRY for k in keys):
+            break
+    settled = [m.lookup(k, ctx) for k in keys]  # on the file tier: promoted into CPU
+    assert all(r in (base.LookupResult.HIT, base.LookupResult.HIT_PENDING) for r in settled), \
+        settled
+    m.shutdown()
+    after = kvo.read_journal(journal)
+    assert [r[0] for r in after[:len(before)]] == [r[0] for r in before]
+    assert count(after[len(before):]).get(("BlockRemoved", "CPU", "restart")) == 4, \
+        count(after[len(before):])
+    with pytest.raises(ValueError, match="journal_dir"):
+        OffloadingSpecFactory.create_spec(make_offloading_config(dict(cfg, journal_dir=5)))
+    with pytest.raises(ValueError, match="journal_fsync"):
+        OffloadingSpecFactory.create_spec(make_offloading_config(dict(cfg, journal_fsync="x")))

@@ -155,12 +155,14 @@ def test_fuzz_argument_conversion(rng):
         name = rng.choice(methods)
         nargs = rng.randrange(0, 4)
         args = [rng.choice(pool) for _ in range(nargs)]
+        kwargs = {rng.choice(["keys", "key", "req_context", "success", "bogus"]): rng.choice(pool)
+                  for _ in range(rng.randrange(0, 3))}
         try:
-            getattr(m, name)(*args)
+            getattr(m, name)(*args, **kwargs)
         except (TypeError, ValueError, KeyError, kvo.ContractError):
             pass
         for i, x in enumerate(pool):  # a used-up iterator is rebuilt
-            if hasattr(x, "__next__") and any(x is a for a in args):
+            if hasattr(x, "__next__") and any(x is a for a in args + list(kwargs.values())):
                 pool[i] = iter([b"\x08" * 12])
     m.check_invariants()
     with pytest.raises(ValueError, match="keys"):
@@ -284,3 +286,54 @@ def test_lookup_call_forms_and_context_cache():
     with pytest.raises(TypeError, match="req_context.req_id"):
         m.lookup(key(1), Ctx(5))
     assert m.lookup(key(2), c) == LookupResult.MISS
+
+
+def test_store_call_forms_and_outputs():
+    """prepare_store / complete_store take vLLM's keyword names; keys_to_store hands back the
+    caller's own key objects (a subsequence of the input, first occurrences); evicted_keys is built
+    on first read and then the same list."""
+    m = kvo.OffloadManager(2)
+    k = [key(i) for i in range(4)]
+    out = m.prepare_store(keys=[k[0], k[1], k[0]], req_context="r")
+    assert out.keys_to_store == [k[0], k[1]] and out.keys_to_store[0] is k[0]
+    assert list(out.store_slots) == [0, 1] and out.store_slots.dtype == np.int64
+    assert "2 to store" in repr(out)
+    m.complete_store(out.keys_to_store, req_context="r", success=True)
+    ba = bytearray(key(2))  # a bytearray key comes back as bytes
+    out = m.prepare_store((ba,), "r")
+    assert out.keys_to_store == [bytes(ba)] and type(out.keys_to_store[0]) is bytes
+    assert out.evicted_keys == [k[0]] and out.evicted_keys is out.evicted_keys
+    m.complete_store(keys=out.keys_to_store, success=False)
+    assert m.lookup(bytes(ba)) == LookupResult.MISS
+    out = m.prepare_store(iter([k[3]]))  # any iterable: keys built from the C++ side
+    assert out.keys_to_store == [k[3]] and out.evicted_keys == []
+    m.complete_store(out.keys_to_store, None, 1)
+    assert m.lookup(k[3]) == LookupResult.HIT
+    for bad in ({"keys": [k[0]], "nope": 1}, {"req_context": "r"}):
+        with pytest.raises(TypeError):
+            m.prepare_store(**bad)
+    with pytest.raises(TypeError, match="multiple values"):
+        m.complete_store([k[0]], keys=[k[0]])
+    with pytest.raises(TypeError, match="at most 3"):
+        m.complete_store([k[0]], "r", True, 4)
+
+    class Bad:
+        def __bool__(self):
+            raise ValueError("no truth")
+    with pytest.raises(ValueError, match="no truth"):
+        m.complete_store([k[3]], "r", Bad())
+    m.check_invariants()
+
+
+def test_arc_state_inspection():
+    """The ARC lists as vLLM's ARCCachePolicy names them (used to run vLLM's own ARC tests against
+    kvo; python/README.md)."""
+    m = kvo.OffloadManager(2, "arc")
+    store(m, [key(1), key(2)])
+    s = m._arc_state()
+    assert s["t1"] == [key(1), key(2)] and s["t2"] == [] and s["cache_capacity"] == 2
+    m.prepare_load([key(1)])
+    m.complete_load([key(1)])
+    m._arc_set_target_t1_size(1.0)
+    assert m._arc_state()["target_t1_size"] == 1.0
+    assert kvo.OffloadManager(2)._arc_state() is None

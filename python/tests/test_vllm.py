@@ -179,6 +179,8 @@ def test_readme_configs_load_through_the_factory(vllm_standin, tmp_path):
         extra = dict(cfg["kv_connector_extra_config"])
         extra["cpu_bytes_to_use"] = 16 * 16384  # the README's 64 GB, scaled down
         extra["rows_dir"] = str(tmp_path)
+        if "journal_dir" in extra:
+            extra["journal_dir"] = str(tmp_path / f"journal{i}")
         for t in extra.get("secondary_tiers", []):
             t["root_dir"] = str(tmp_path / f"fs{i}")
         spec = OffloadingSpecFactory.create_spec(

@@ -339,5 +339,52 @@ TEST(RecoveryJournalTest, ACorruptPayloadIsReportedWithItsSeq) {
   EXPECT_NE(fold.status().message().find("seq 5"), std::string::npos);
 }
 
+// TakeEventsAndJournal: the caller gets the OffloadingEvents (vLLM's connector publishes them) and
+// the journal gets the same events as one KV batch, so a restart can recover from it.
+TEST(RecoveryJournalTest, TakeEventsAndJournalHandsOutAndJournalsTheSameEvents) {
+  kvo::testing::TempDir dir;
+  JournalOptions jo;
+  jo.dir = dir.path();
+  auto j = Journal::Open(jo);
+  ASSERT_TRUE(j.ok());
+  ManagerOptions o;
+  o.num_blocks = 2;
+  o.journal = j->get();
+  auto m = OffloadManager::Create(o);
+  ASSERT_TRUE(m.ok());
+  RequestContext ctx;
+  std::vector<OffloadKey> keys = {K(1), K(2), K(3)};
+  for (const OffloadKey& k : keys) {
+    ASSERT_TRUE((*m)->PrepareStore(std::span(&k, 1), ctx).ok());
+    ASSERT_TRUE((*m)->CompleteStore(std::span(&k, 1), ctx).ok());
+  }
+  std::vector<OffloadingEvent> out;
+  ASSERT_TRUE((*m)->TakeEventsAndJournal(&out).ok());
+  ASSERT_EQ(out.size(), 4u);  // stored 1, stored 2, evicted 1, stored 3
+  EXPECT_FALSE(out[0].removed);
+  EXPECT_TRUE(out[2].removed);
+  EXPECT_EQ(out[2].keys, std::vector<OffloadKey>{K(1)});
+  ASSERT_FALSE((*j)->empty());
+  EXPECT_EQ((*j)->first_seq(), (*j)->last_seq());  // one batch
+  auto reader = (*j)->NewReader(0);
+  ASSERT_TRUE(reader.ok());
+  JournalRecord rec;
+  ASSERT_TRUE(*(*reader)->Next(&rec));
+  auto batch = DecodeBatch(rec.payload);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_EQ(batch->events.size(), 4u);
+  const auto* removed = std::get_if<BlockRemoved>(&batch->events[2]);
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(removed->block_hashes, std::vector<BlockHash>{BlockHash::Uint(K(1).Wire())});
+  EXPECT_EQ(removed->reason, std::optional<std::string>("evicted"));
+  // Nothing new: no batch.
+  ASSERT_TRUE((*m)->TakeEventsAndJournal(&out).ok());
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ((*j)->first_seq(), (*j)->last_seq());
+  // A restart from that journal.
+  auto r = OffloadManager::Recover(o, **j);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+}
+
 }  // namespace
 }  // namespace kvo
