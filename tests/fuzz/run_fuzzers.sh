@@ -62,6 +62,24 @@ done
 cmake --preset fuzz
 cmake --build --preset fuzz --target "${targets[@]}"
 
+# One target on each core at a time (KVO_FUZZ_JOBS overrides): the time budget is per target.
+parallel=${KVO_FUZZ_JOBS:-$(nproc)}
+fuzz_one() {
+  local t=$1 bin=build/fuzz/tests/fuzz/$1
+  local work=build/fuzz/corpus/$t artifacts=build/fuzz/artifacts/$t
+  local seed_dir=tests/fuzz/corpus/${seeds[$t]} len=${max_len[$t]:-65536}
+  mkdir -p "$work" "$artifacts"
+  rm -f "build/fuzz/logs/$t.failed"
+  {
+    echo "== $t: ${seconds}s, max_len $len, seeds from $seed_dir"
+    # The first corpus directory receives new inputs; the seed directory is only read.
+    "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$len" \
+      -print_final_stats=1 -artifact_prefix="$artifacts/" "$work" "$seed_dir" 2>&1 ||
+      touch "build/fuzz/logs/$t.failed"
+  } >"build/fuzz/logs/$t.log"
+}
+mkdir -p build/fuzz/logs
+
 status=0
 for t in "${targets[@]}"; do
   bin=build/fuzz/tests/fuzz/$t
@@ -77,16 +95,20 @@ for t in "${targets[@]}"; do
     fi
     continue
   fi
-  work=build/fuzz/corpus/$t
-  artifacts=build/fuzz/artifacts/$t
-  mkdir -p "$work" "$artifacts"
-  seed_dir=tests/fuzz/corpus/${seeds[$t]}
-  len=${max_len[$t]:-65536}
-  echo "== $t: ${seconds}s, max_len $len, seeds from $seed_dir"
-  # The first corpus directory receives new inputs; the seed directory is only read.
-  if ! "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$len" \
-      -print_final_stats=1 -artifact_prefix="$artifacts/" "$work" "$seed_dir"; then
-    echo "== $t FAILED; reproduce with: $bin $artifacts/<crash file>" >&2
+  jobs_running=$(jobs -rp | wc -l)
+  while (( jobs_running >= parallel )); do
+    wait -n || true
+    jobs_running=$(jobs -rp | wc -l)
+  done
+  fuzz_one "$t" &
+done
+wait
+# Each target's output, in order, once all have run (they run $parallel at a time).
+for t in "${targets[@]}"; do
+  [[ $mode == fuzz ]] || break
+  cat "build/fuzz/logs/$t.log"
+  if [[ -e "build/fuzz/logs/$t.failed" ]]; then
+    echo "== $t FAILED; reproduce with: build/fuzz/tests/fuzz/$t build/fuzz/artifacts/$t/<crash file>" >&2
     status=1
   fi
 done
