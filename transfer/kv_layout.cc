@@ -1,6 +1,7 @@
 #include "transfer/kv_layout.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <string>
 
@@ -374,10 +375,19 @@ Status HostRowExpander::Begin(const KvLayout& layout, const BlockTransferSpec& s
   }
   if (!ascending) {
     // Ties keep the spec order (group, chunk), as OrderByHost keeps equal addresses in order.
-    std::sort(rows_.begin(), rows_.end(), [](const Row& a, const Row& b) {
-      if (a.slot != b.slot) return a.slot < b.slot;
-      return a.group != b.group ? a.group < b.group : a.chunk < b.chunk;
-    });
+    // A stable LSD radix sort on the slot, 8 bits a pass over the bits a slot of the region can
+    // have (2 passes for up to 65 536 slots): linear, where a comparison sort of a few thousand
+    // rows cost ~150 us of the time to the first chunk (bench staging_plan_first_chunk_*).
+    uint32_t bits = 0;
+    while (bits < 64 && ((region.num_slots - 1) >> bits) != 0) bits += 8;
+    sorted_.resize(rows_.size());
+    for (uint32_t shift = 0; shift < bits; shift += 8) {
+      std::array<size_t, 257> start{};
+      for (const Row& r : rows_) ++start[((r.slot >> shift) & 0xff) + 1];
+      for (size_t d = 1; d < start.size(); ++d) start[d] += start[d - 1];
+      for (const Row& r : rows_) sorted_[start[(r.slot >> shift) & 0xff]++] = r;
+      rows_.swap(sorted_);
+    }
     sorted_rows_ = true;
   }
   layout_ = &layout;

@@ -157,11 +157,11 @@ class KvLayout {
 // A block spec expanded incrementally, for the CUDA staging submit (issue 15): Begin checks the
 // whole spec up front in O(blocks + slots) — the same checks and errors as ExpandBlockSpec, every
 // block id against every tensor its group names included — and orders the job's rows (one per
-// (group, chunk): its CPU slot) by host address (a linear check; a sort of the rows, not of the
-// segments, only when the slots do not ascend). Fill then generates the segments a few at a time
-// in host order: rows by slot, each row as ExpandOrder::kHostRow emits it, merged on the fly when
-// contiguous on both sides (CoalesceSegments over the whole stream). Nothing Fill produces can be
-// invalid once Begin succeeded: copy_bytes > 0, tensors and the region fit the address space
+// (group, chunk): its CPU slot) by host address (a linear check; a stable radix sort of the rows,
+// not of the segments, only when the slots do not ascend). Fill then generates the segments a few
+// at a time in host order: rows by slot, each row as ExpandOrder::kHostRow emits it, merged on the
+// fly when contiguous on both sides (CoalesceSegments over the whole stream). Nothing Fill produces
+// can be invalid once Begin succeeded: copy_bytes > 0, tensors and the region fit the address space
 // (KvLayout::Create, CheckHostRegion) and every block and slot is in range (Begin), so each
 // segment lies inside one tensor and one row (what ValidateSegments would check is implied). A job
 // that has a bad block anywhere therefore fails at Begin, before anything is enqueued.
@@ -215,6 +215,7 @@ class HostRowExpander {
   bool sorted_rows_ = false;
   std::vector<Group> groups_;
   std::vector<Row> rows_;
+  std::vector<Row> sorted_;  // sort scratch
   State state_;
   CopySegment pending_;
   bool has_pending_ = false;
