@@ -105,6 +105,8 @@ struct BlockTransferSpec {
   std::vector<int64_t> cpu_slots;
 };
 
+class HostRowExpander;
+
 class KvLayout {
  public:
   // Validates the spec: non-empty tensors and groups, nonzero sizes, page_bytes <= block_stride,
@@ -140,6 +142,7 @@ class KvLayout {
   uint64_t SlotsForGroup(uint64_t num_blocks, uint64_t block_index) const;
 
  private:
+  friend class HostRowExpander;
   explicit KvLayout(KvLayoutSpec spec) : spec_(std::move(spec)) {}
 
   KvLayoutSpec spec_;
@@ -149,6 +152,74 @@ class KvLayout {
   uint64_t cell_bytes_ = 0;
   uint64_t chunk_bytes_ = 0;
   uint64_t row_stride_ = 0;
+};
+
+// A block spec expanded incrementally, for the CUDA staging submit (issue 15): Begin checks the
+// whole spec up front in O(blocks + slots) — the same checks and errors as ExpandBlockSpec, every
+// block id against every tensor its group names included — and orders the job's rows (one per
+// (group, chunk): its CPU slot) by host address (a linear check; a stable radix sort of the rows,
+// not of the segments, only when the slots do not ascend). Fill then generates the segments a few
+// at a time in host order: rows by slot, each row as ExpandOrder::kHostRow emits it, merged on the
+// fly when contiguous on both sides (CoalesceSegments over the whole stream). Nothing Fill produces
+// can be invalid once Begin succeeded: copy_bytes > 0, tensors and the region fit the address space
+// (KvLayout::Create, CheckHostRegion) and every block and slot is in range (Begin), so each
+// segment lies inside one tensor and one row (what ValidateSegments would check is implied). A job
+// that has a bad block anywhere therefore fails at Begin, before anything is enqueued.
+// The layout and the spec must outlive the expansion. Reusable (buffers keep their capacity).
+class HostRowExpander {
+ public:
+  Status Begin(const KvLayout& layout, const BlockTransferSpec& spec, const HostRegion& region,
+               TransferDirection direction);
+  uint64_t total_bytes() const { return total_bytes_; }
+  // Segments before merging (one per (block, ref)).
+  uint64_t segments() const { return segments_; }
+  // Upper bound of the kernel pieces of `piece_bytes` the segments split into (merged or not).
+  uint64_t MaxPieces(uint64_t piece_bytes) const;
+  // Whether Begin had to sort the rows (CPU slots not ascending).
+  bool sorted_rows() const { return sorted_rows_; }
+  // Appends the next segments, at least `min_bytes` of them unless the job ends first; returns
+  // the bytes appended.
+  uint64_t Fill(std::vector<CopySegment>* out, uint64_t min_bytes);
+  bool done() const { return done_; }
+  // The number of merged segments of the whole job, counted without storing them, stopping once
+  // it exceeds `cap` (then cap + 1).
+  uint64_t CountSegments(uint64_t cap) const;
+
+ private:
+  struct Row {
+    uint64_t slot;
+    uint32_t group;
+    uint32_t chunk;  // of its group
+  };
+  struct Group {
+    size_t block_pos;  // first block id of the group in spec.gpu_block_ids
+    uint64_t skip;     // positions skipped in its first chunk
+    uint64_t n;        // blocks
+  };
+  struct State {
+    size_t row = 0;
+    size_t ref = 0;  // index into the group's host ref order
+    uint64_t i = 0;  // position within the (row, ref) run
+  };
+  // Generates segments from *st on, calling sink(segment) until it returns false (then true:
+  // more may follow) or the job ends (false).
+  template <bool kD2h, typename Sink>
+  bool Run(State* st, Sink&& sink) const;
+
+  const KvLayout* layout_ = nullptr;
+  const BlockTransferSpec* spec_ = nullptr;
+  HostRegion region_;
+  bool d2h_ = true;
+  uint64_t total_bytes_ = 0;
+  uint64_t segments_ = 0;
+  bool sorted_rows_ = false;
+  std::vector<Group> groups_;
+  std::vector<Row> rows_;
+  std::vector<Row> sorted_;  // sort scratch
+  State state_;
+  CopySegment pending_;
+  bool has_pending_ = false;
+  bool done_ = true;
 };
 
 // Checks raw segments: nonzero sizes, no address overflow, alignment (errors name the segment).

@@ -106,9 +106,21 @@ size_t StagingPlanner::MaxDescs(std::span<const CopySegment> segments, uint64_t 
   return pieces + ChunkCount(total_bytes, params.chunk_bytes);
 }
 
+size_t StagingPlanner::MaxDescs(uint64_t max_pieces, uint64_t total_bytes, const Params& params) {
+  return static_cast<size_t>(max_pieces) + ChunkCount(total_bytes, params.chunk_bytes);
+}
+
+void StagingPlanner::Begin(HostRowExpander* source, uint64_t total_bytes, const Params& params,
+                           PieceDesc* descs, size_t capacity) {
+  Begin(std::span<const CopySegment>(), total_bytes, params, descs, capacity);
+  source_ = source;
+  window_.clear();
+}
+
 void StagingPlanner::Begin(std::span<const CopySegment> segments, uint64_t total_bytes,
                            const Params& params, PieceDesc* descs, size_t capacity) {
   segs_ = segments;
+  source_ = nullptr;
   p_ = params;
   descs_ = descs;
   capacity_ = capacity;
@@ -132,6 +144,14 @@ bool StagingPlanner::Next(StagingChunk* chunk) {
   const bool d2h = p_.d2h;
   uint64_t fill = 0;
   while (fill < limit) {
+    if (seg_ >= segs_.size() && source_ != nullptr && !source_->done()) {
+      // The window is used up (no segment half planned): the next segments, at least what this
+      // chunk still needs.
+      window_.clear();
+      source_->Fill(&window_, limit - fill);
+      segs_ = window_;
+      seg_ = 0;
+    }
     // Fewer segment bytes than total_bytes, or a buffer below MaxDescs: the caller's bug.
     if (seg_ >= segs_.size() || used_ == capacity_) {
       overflowed_ = true;

@@ -9,7 +9,10 @@
 //   StagingPlanner   chunk by chunk (so the engine launches chunk i while it plans chunk i+1):
 //                    descriptors written straight into the caller's buffer (the engine's pinned
 //                    descriptor block) with final staging addresses; host runs merged on the fly.
-//                    No allocation once its run vector has grown.
+//                    No allocation once its run vector has grown. Fed either the whole job's
+//                    segments (a span) or a HostRowExpander (kv_layout.h) that it asks for the
+//                    segments of each chunk as it plans it: then the GPU can start on chunk 0
+//                    after chunk 0's expansion, not the whole job's (issue 15).
 //
 // Chunk sizes ramp: the first and the last chunk are chunk_bytes / 8 (so the gather that cannot
 // overlap a DMA, D2H, or the scatter, H2D, is short), the others chunk_bytes. Staging slots
@@ -71,6 +74,8 @@ class StagingPlanner {
   // (a chunk boundary splits at most one piece).
   static size_t MaxDescs(std::span<const CopySegment> segments, uint64_t total_bytes,
                          const Params& params);
+  // The same bound from a count of pieces (HostRowExpander::MaxPieces(params.piece_bytes)).
+  static size_t MaxDescs(uint64_t max_pieces, uint64_t total_bytes, const Params& params);
   // Number of chunks of a job of `total_bytes`.
   static size_t ChunkCount(uint64_t total_bytes, uint64_t chunk_bytes);
 
@@ -78,6 +83,11 @@ class StagingPlanner {
   // `total_bytes` bytes; descriptors go to descs[0, capacity) (capacity >= MaxDescs).
   void Begin(std::span<const CopySegment> segments, uint64_t total_bytes, const Params& params,
              PieceDesc* descs, size_t capacity);
+  // Starts a job whose segments `source` generates (Begin already succeeded on it; total_bytes =
+  // source->total_bytes()): each Next asks it for the bytes of that chunk, so a chunk is planned
+  // after its own segments were generated. The source must outlive the job's planning.
+  void Begin(HostRowExpander* source, uint64_t total_bytes, const Params& params, PieceDesc* descs,
+             size_t capacity);
   // Plans the next chunk; false when every byte is planned (or the buffer would overflow: then
   // overflowed() is true, a caller bug).
   bool Next(StagingChunk* chunk);
@@ -88,6 +98,8 @@ class StagingPlanner {
 
  private:
   std::span<const CopySegment> segs_;
+  HostRowExpander* source_ = nullptr;
+  std::vector<CopySegment> window_;  // the source's segments not yet planned
   Params p_;
   PieceDesc* descs_ = nullptr;
   size_t capacity_ = 0;

@@ -311,5 +311,283 @@ TEST(StagingPlannerTest, ReportsOverflowInsteadOfWritingPastTheBuffer) {
   EXPECT_EQ(StagingPlanner::MaxDescs(segs, 8192, p), 9u);
 }
 
+// A random layout (1-6 tensors, 1-3 groups, distinct tensors per group) and block spec over it.
+struct RandomJob {
+  KvLayoutSpec layout;
+  BlockTransferSpec spec;
+  uint64_t slots = 0;
+};
+RandomJob MakeRandomJob(std::mt19937& rng, uintptr_t gpu_base, uint64_t num_blocks,
+                        uint64_t max_group_blocks) {
+  RandomJob j;
+  KvLayoutSpec& s = j.layout;
+  const uint32_t tensors = 1 + rng() % 6, groups = 1 + rng() % 3;
+  const uint64_t page = 16 * (1 + rng() % 16);
+  const uint64_t stride = page + 16 * (rng() % 3);
+  for (uint32_t t = 0; t < tensors; ++t) {
+    s.tensors.push_back({gpu_base + t * num_blocks * stride, num_blocks, stride, page});
+  }
+  for (uint32_t g = 0; g < groups; ++g) {
+    KvGroupLayout gl;
+    std::vector<uint32_t> ts(tensors);
+    std::iota(ts.begin(), ts.end(), 0);
+    std::shuffle(ts.begin(), ts.end(), rng);
+    for (uint32_t i = 0; i < 1 + rng() % tensors; ++i) {
+      gl.refs.push_back({ts[i], rng() % 3 == 0 ? page - 16 * (rng() % (page / 16)) : page});
+    }
+    s.groups.push_back(gl);
+  }
+  s.blocks_per_chunk = 1 + rng() % 4;
+  s.num_workers = 1 + rng() % 2;
+  s.worker_index = rng() % s.num_workers;
+  s.host_page_size = 64;
+  // Distinct block ids (a load's destinations never overlap, so any copy order gives the same
+  // bytes), in runs of 1-3 consecutive ids so that segments merge across blocks.
+  std::vector<std::vector<int64_t>> runs;
+  for (uint64_t b = 0; b < num_blocks;) {
+    std::vector<int64_t>& run = runs.emplace_back();
+    for (uint64_t k = 1 + rng() % 3; k > 0 && b < num_blocks; --k) {
+      run.push_back(static_cast<int64_t>(b++));
+    }
+  }
+  std::shuffle(runs.begin(), runs.end(), rng);
+  std::vector<int64_t> ids;
+  for (const auto& run : runs) ids.insert(ids.end(), run.begin(), run.end());
+  size_t next = 0;
+  for (uint32_t g = 0; g < groups; ++g) {
+    const uint32_t n = rng() % (max_group_blocks + 1);
+    const uint64_t index = rng() % 8;
+    j.spec.group_sizes.push_back(n);
+    j.spec.block_indices.push_back(index);
+    for (uint32_t i = 0; i < n; ++i) j.spec.gpu_block_ids.push_back(ids.at(next++));
+    const uint64_t bpc = s.blocks_per_chunk;
+    j.slots += n == 0 ? 0 : (index % bpc + n + bpc - 1) / bpc;
+  }
+  return j;
+}
+
+// The incremental expansion equals the whole job's (ExpandBlockSpec, OrderByHost, then merged),
+// whatever sizes it is asked for, with ascending and with shuffled CPU slots.
+TEST(HostRowExpanderTest, SameSegmentsAsTheWholeJobInHostOrder) {
+  const uint32_t seed = 151515;
+  std::mt19937 rng(seed);
+  HostRowExpander ex;  // reused, as the engine does
+  for (int iter = 0; iter < 300; ++iter) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " iter " + std::to_string(iter));
+    RandomJob j = MakeRandomJob(rng, 0x1000000, 64, 12);
+    auto layout = KvLayout::Create(j.layout);
+    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    HostRegion region{0x40000000, 256, layout->row_stride()};
+    std::vector<int64_t> slots(256);
+    std::iota(slots.begin(), slots.end(), 0);
+    const bool shuffled = iter % 2 == 1;
+    if (shuffled) std::shuffle(slots.begin(), slots.end(), rng);
+    j.spec.cpu_slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(j.slots));
+    for (auto dir : {TransferDirection::kGpuToCpu, TransferDirection::kCpuToGpu}) {
+      const bool d2h = dir == TransferDirection::kGpuToCpu;
+      std::vector<CopySegment> want;
+      ASSERT_TRUE(
+          layout->ExpandBlockSpec(j.spec, region, dir, false, &want, ExpandOrder::kHostRow).ok());
+      uint64_t bytes = 0, pieces = 0;
+      for (const CopySegment& s : want) {
+        bytes += s.bytes;
+        pieces += (s.bytes + 99) / 100;
+      }
+      const size_t unmerged = want.size();
+      HostOrderScratch scratch;
+      ASSERT_TRUE(OrderByHost(&want, d2h, &scratch).ok());
+      CoalesceSegments(&want);
+      ASSERT_TRUE(ex.Begin(*layout, j.spec, region, dir).ok());
+      EXPECT_EQ(ex.total_bytes(), bytes);
+      EXPECT_EQ(ex.segments(), unmerged);
+      EXPECT_EQ(ex.MaxPieces(100), pieces);
+      if (!shuffled) {
+        EXPECT_FALSE(ex.sorted_rows());  // ascending slots: no sort
+      }
+      EXPECT_EQ(ex.CountSegments(UINT64_MAX - 1), want.size());
+      if (!want.empty()) {
+        EXPECT_EQ(ex.CountSegments(want.size() - 1), want.size());  // stops past the cap
+      }
+      std::vector<CopySegment> got;
+      uint64_t filled = 0;
+      while (!ex.done()) {
+        const uint64_t ask = rng() % 4 == 0 ? 0 : rng() % 2000;
+        const size_t before = got.size();
+        const uint64_t n = ex.Fill(&got, ask);
+        uint64_t appended = 0;
+        for (size_t i = before; i < got.size(); ++i) appended += got[i].bytes;
+        EXPECT_EQ(n, appended);
+        if (!ex.done()) {
+          EXPECT_GE(n, ask);
+        }
+        filled += n;
+      }
+      EXPECT_EQ(filled, bytes);
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
+// Plans fed by the expander, executed with memcpy on real memory ("GPU" tensors in one buffer,
+// the host region in another): every byte equals a direct copy of the spec's segments, in both
+// directions, with shuffled slots and many chunks.
+TEST(HostRowExpanderTest, IncrementalPlansExecuteByteExact) {
+  const uint32_t seed = 2026;
+  std::mt19937 rng(seed);
+  StagingPlanner planner;
+  HostRowExpander ex;
+  uint64_t next_slot = 0;
+  for (int iter = 0; iter < 40; ++iter) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " iter " + std::to_string(iter));
+    const uint64_t num_blocks = 128;
+    std::vector<uint8_t> gpu(6 * num_blocks * (256 + 32) + 64);
+    const uintptr_t gpu_base = (reinterpret_cast<uintptr_t>(gpu.data()) + 15) / 16 * 16;
+    RandomJob j = MakeRandomJob(rng, gpu_base, num_blocks, 40);
+    auto layout = KvLayout::Create(j.layout);
+    ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+    const uint64_t num_slots = j.slots + 8;
+    std::vector<uint8_t> host(num_slots * layout->row_stride() + 16);
+    const uintptr_t host_base = (reinterpret_cast<uintptr_t>(host.data()) + 15) / 16 * 16;
+    HostRegion region{host_base, num_slots, layout->row_stride()};
+    std::vector<int64_t> slots(num_slots);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    j.spec.cpu_slots.assign(slots.begin(), slots.begin() + static_cast<std::ptrdiff_t>(j.slots));
+    for (auto dir : {TransferDirection::kGpuToCpu, TransferDirection::kCpuToGpu}) {
+      const bool d2h = dir == TransferDirection::kGpuToCpu;
+      for (size_t i = 0; i < gpu.size(); ++i) gpu[i] = static_cast<uint8_t>(rng());
+      for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(rng());
+      // The expected result: the segments copied one by one.
+      std::vector<CopySegment> segs;
+      ASSERT_TRUE(layout->ExpandBlockSpec(j.spec, region, dir, false, &segs).ok());
+      std::vector<uint8_t> want_gpu = gpu, want_host = host;
+      auto at = [&](uintptr_t a, std::vector<uint8_t>& g, std::vector<uint8_t>& h) -> uint8_t* {
+        const uintptr_t gb = reinterpret_cast<uintptr_t>(gpu.data());
+        const uintptr_t hb = reinterpret_cast<uintptr_t>(host.data());
+        if (a >= gb && a < gb + gpu.size()) return g.data() + (a - gb);
+        return h.data() + (a - hb);
+      };
+      for (const CopySegment& s : segs) {
+        std::memcpy(at(s.dst, want_gpu, want_host), at(s.src, want_gpu, want_host), s.bytes);
+      }
+      ASSERT_TRUE(ex.Begin(*layout, j.spec, region, dir).ok());
+      if (ex.total_bytes() == 0) continue;
+      StagingPlanner::Params p;
+      p.chunk_bytes = 512 * (1 + rng() % 8);  // many chunks
+      p.piece_bytes = 16 * (1 + rng() % 20);
+      std::vector<uint8_t> stage0(p.chunk_bytes), stage1(p.chunk_bytes);
+      p.staging = {reinterpret_cast<uintptr_t>(stage0.data()),
+                   reinterpret_cast<uintptr_t>(stage1.data())};
+      p.first_slot = next_slot;
+      p.d2h = d2h;
+      const size_t max = StagingPlanner::MaxDescs(ex.MaxPieces(p.piece_bytes), ex.total_bytes(), p);
+      std::vector<PieceDesc> descs(max + 1, PieceDesc{0, 0, 0, 0xdead});
+      planner.Begin(&ex, ex.total_bytes(), p, descs.data(), max);
+      StagingChunk c;
+      size_t chunks = 0;
+      uint64_t planned = 0;
+      while (planner.Next(&c)) {
+        ++chunks;
+        const uintptr_t stage = p.staging[c.slot];
+        uint64_t fill = 0;
+        for (size_t i = c.desc_begin; i < c.desc_end; ++i) fill += descs[i].bytes;
+        auto run_descs = [&] {
+          for (size_t i = c.desc_begin; i < c.desc_end; ++i) {
+            std::memcpy(reinterpret_cast<void*>(descs[i].dst),
+                        reinterpret_cast<const void*>(descs[i].src), descs[i].bytes);
+          }
+        };
+        if (d2h) run_descs();
+        for (const StagingRun& r : planner.runs()) {
+          if (d2h) {
+            std::memcpy(reinterpret_cast<void*>(r.host),
+                        reinterpret_cast<const void*>(stage + r.offset), r.bytes);
+          } else {
+            std::memcpy(reinterpret_cast<void*>(stage + r.offset),
+                        reinterpret_cast<const void*>(r.host), r.bytes);
+          }
+        }
+        if (!d2h) run_descs();
+        planned += fill;
+      }
+      next_slot += chunks;
+      EXPECT_FALSE(planner.overflowed());
+      EXPECT_EQ(planned, ex.total_bytes());
+      EXPECT_EQ(chunks, StagingPlanner::ChunkCount(ex.total_bytes(), p.chunk_bytes));
+      EXPECT_EQ(descs[max].pad, 0xdeadu);
+      EXPECT_TRUE(gpu == want_gpu);
+      EXPECT_TRUE(host == want_host);
+    }
+  }
+}
+
+// A bad block id in the job's last chunk (or a bad slot, or counts that do not add up) fails
+// Begin, before any segment exists: Fill then yields nothing, CountSegments counts nothing, and a
+// planner fed by it plans no chunk — nothing to enqueue, nothing to report as a success. An
+// expander that held a good job before is reset by the failed Begin.
+TEST(HostRowExpanderTest, ABadBlockInTheLastChunkFailsBeforeAnySegment) {
+  KvLayoutSpec s;
+  s.tensors = {{0x100000, 100, 4096, 4096}, {0x800000, 60, 4096, 4096}};
+  s.groups = {{{{0, 4096}}}, {{{0, 4096}, {1, 2048}}}};
+  s.blocks_per_chunk = 4;
+  auto layout = KvLayout::Create(s);
+  ASSERT_TRUE(layout.ok());
+  HostRegion region{0x40000000, 1000, layout->row_stride()};
+  BlockTransferSpec spec;
+  spec.group_sizes = {400, 400};
+  for (int64_t i = 0; i < 800; ++i) spec.gpu_block_ids.push_back(i % 50);
+  for (int64_t i = 0; i < 200; ++i) spec.cpu_slots.push_back(i);
+  HostRowExpander ex;
+  ASSERT_TRUE(ex.Begin(*layout, spec, region, TransferDirection::kGpuToCpu).ok());
+  std::vector<CopySegment> out;
+  ex.Fill(&out, 4096);  // half-way through a good job
+  ASSERT_FALSE(out.empty());
+  ASSERT_FALSE(ex.done());
+
+  // Block 60 is inside tensor 0 (100 blocks) but not tensor 1 (60), which group 1 also names.
+  BlockTransferSpec bad = spec;
+  bad.gpu_block_ids.back() = 60;
+  StagingPlanner::Params p;
+  p.staging = {0x7000000, 0x8000000};
+  std::vector<PieceDesc> descs(4096, PieceDesc{0, 0, 0, 7});
+  for (auto dir : {TransferDirection::kGpuToCpu, TransferDirection::kCpuToGpu}) {
+    Status st = ex.Begin(*layout, bad, region, dir);
+    EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+    EXPECT_NE(st.message().find("GPU block 60 of group 1 outside tensor 1"), std::string::npos)
+        << st.ToString();
+    // ExpandBlockSpec reports the same error.
+    std::vector<CopySegment> whole;
+    EXPECT_EQ(
+        layout->ExpandBlockSpec(bad, region, dir, true, &whole, ExpandOrder::kHostRow).ToString(),
+        st.ToString());
+    EXPECT_TRUE(ex.done());
+    EXPECT_EQ(ex.total_bytes(), 0u);
+    out.clear();
+    EXPECT_EQ(ex.Fill(&out, UINT64_MAX), 0u);
+    EXPECT_TRUE(out.empty());
+    EXPECT_EQ(ex.CountSegments(UINT64_MAX - 1), 0u);
+    StagingPlanner planner;
+    planner.Begin(&ex, ex.total_bytes(), p, descs.data(), descs.size());
+    StagingChunk c;
+    EXPECT_FALSE(planner.Next(&c));
+    EXPECT_EQ(planner.descs_used(), 0u);
+  }
+  EXPECT_EQ(descs[0].pad, 7u);  // no descriptor written
+  // A negative id, a slot outside the region, and slot counts that do not add up, the same way.
+  bad = spec;
+  bad.gpu_block_ids.back() = -1;
+  EXPECT_EQ(ex.Begin(*layout, bad, region, TransferDirection::kCpuToGpu).code(),
+            StatusCode::kOutOfRange);
+  bad = spec;
+  bad.cpu_slots.back() = 1000;
+  EXPECT_EQ(ex.Begin(*layout, bad, region, TransferDirection::kCpuToGpu).code(),
+            StatusCode::kOutOfRange);
+  bad = spec;
+  bad.cpu_slots.pop_back();
+  EXPECT_EQ(ex.Begin(*layout, bad, region, TransferDirection::kCpuToGpu).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ex.done());
+}
+
 }  // namespace
 }  // namespace kvo

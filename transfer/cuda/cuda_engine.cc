@@ -269,31 +269,33 @@ class CudaTransferEngine final : public TransferEngine {
   Result<TransferJobId> Submit(TransferRequest request) override {
     MutexLock lock(&mu_);
     const bool d2h = request.direction == TransferDirection::kGpuToCpu;
-    // A block spec expands into the engine's reused buffer, each CPU row's segments in host order
-    // (staging then needs no sort when the slots ascend); raw segments are used where they are.
+    // A block spec is checked whole here (counts, slots, every block id: O(blocks), no segment
+    // generated) and expanded later: chunk by chunk by the staging planner, in host order, so the
+    // GPU starts after chunk 0's segments; all at once for the other methods. Raw segments are
+    // validated and used where they are.
     std::vector<CopySegment>* segs = &request.segments;
+    HostRowExpander* source = nullptr;
+    uint64_t total = 0;
+    uint64_t count = 0;  // segments, for auto's average (see below for a block spec)
+    bool host_pinned = true;
     if (request.blocks.has_value()) {
       if (!layout_) {
         return Status::FailedPrecondition("cuda transfer job: block spec before RegisterLayout");
       }
-      segs_.clear();
-      KVO_RETURN_IF_ERROR(layout_->ExpandBlockSpec(*request.blocks, region_, request.direction,
-                                                   /*coalesce=*/true, &segs_,
-                                                   ExpandOrder::kHostRow));
-      segs = &segs_;
-    }
-    if (segs->empty()) return Status::InvalidArgument("cuda transfer job: no segments");
-    KVO_RETURN_IF_ERROR(ValidateSegments(*segs, 1));
-    KVO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-
-    uint64_t total = 0;
-    for (const CopySegment& s : *segs) total += s.bytes;
-    bool host_pinned = true;
-    if (request.blocks.has_value()) {
-      // Every host address of an expanded spec lies in a row of the registered region
-      // (ExpandBlockSpec checks each slot against it): one lookup for the job.
+      KVO_RETURN_IF_ERROR(expander_.Begin(*layout_, *request.blocks, region_, request.direction));
+      if (expander_.total_bytes() == 0) {
+        return Status::InvalidArgument("cuda transfer job: no segments");
+      }
+      source = &expander_;
+      total = expander_.total_bytes();
+      // Every host address of the spec lies in a row of the registered region (Begin checked
+      // each slot against it): one lookup for the job.
       host_pinned = FindPinned(region_.base, region_.bytes()) != nullptr;
     } else {
+      if (segs->empty()) return Status::InvalidArgument("cuda transfer job: no segments");
+      KVO_RETURN_IF_ERROR(ValidateSegments(*segs, 1));
+      for (const CopySegment& s : *segs) total += s.bytes;
+      count = segs->size();
       for (const CopySegment& s : *segs) {
         if (!HostToDevice(d2h ? s.dst : s.src, s.bytes).ok()) {
           host_pinned = false;
@@ -301,6 +303,7 @@ class CudaTransferEngine final : public TransferEngine {
         }
       }
     }
+    KVO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // Busy: the compute stream still has queued work (this job will run beside it).
     const cudaError_t q = cudaStreamQuery(compute_);
     if (q != cudaSuccess && q != cudaErrorNotReady) {
@@ -309,7 +312,14 @@ class CudaTransferEngine final : public TransferEngine {
     const bool busy = q == cudaErrorNotReady;
     CopyMethod method = method_;
     if (method == CopyMethod::kAuto) {
-      method = ChooseCopyMethod(tuning_, total, segs->size(), busy, host_pinned);
+      if (source != nullptr) {
+        // auto looks at the average merged segment only to ask whether it reaches
+        // auto_large_segment_bytes: counting stops once the count shows it cannot (a few hundred
+        // segments for a job of small pages), so this is not a pass over the job.
+        const uint64_t large = std::max<uint64_t>(tuning_.auto_large_segment_bytes, 1);
+        count = source->CountSegments(total / large);
+      }
+      method = ChooseCopyMethod(tuning_, total, count, busy, host_pinned);
     }
     if (method == CopyMethod::kKernel && !host_pinned) {
       return Status::InvalidArgument(
@@ -324,7 +334,14 @@ class CudaTransferEngine final : public TransferEngine {
     job->busy = busy;
     job->bytes = total;
     Lane& lane = lanes_[static_cast<int>(request.direction)];
-    Status st = Enqueue(lane, job.get(), segs, d2h, request.wait_event);
+    if (source != nullptr && method != CopyMethod::kStaging) {
+      // The other methods take the whole list: expand it now, in host order.
+      segs_.clear();
+      source->Fill(&segs_, UINT64_MAX);
+      segs = &segs_;
+      source = nullptr;
+    }
+    Status st = Enqueue(lane, job.get(), segs, source, d2h, request.wait_event);
     if (!st.ok()) {
       KVO_LOG_WARN("cuda transfer job {} failed to enqueue: {}", job->id, st.ToString());
       job->status = st;
@@ -435,8 +452,9 @@ class CudaTransferEngine final : public TransferEngine {
     return reinterpret_cast<uintptr_t>(attr.devicePointer);
   }
 
-  Status Enqueue(Lane& lane, Job* job, std::vector<CopySegment>* segs, bool d2h,
-                 uintptr_t wait_event) {
+  // `source`: a staging job's block spec, expanded as it is planned (then `segs` is unused).
+  Status Enqueue(Lane& lane, Job* job, std::vector<CopySegment>* segs, HostRowExpander* source,
+                 bool d2h, uintptr_t wait_event) {
     KVO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&job->start));
     KVO_CUDA_RETURN_IF_ERROR(cudaEventCreate(&job->end));
     // Both streams of the direction first wait for the compute stream's work queued so far.
@@ -451,7 +469,7 @@ class CudaTransferEngine final : public TransferEngine {
     cudaStream_t final_stream = nullptr;
     switch (job->method) {
       case CopyMethod::kStaging:
-        KVO_RETURN_IF_ERROR(EnqueueStaging(lane, job, segs, d2h, &final_stream));
+        KVO_RETURN_IF_ERROR(EnqueueStaging(lane, job, segs, source, d2h, &final_stream));
         break;
       case CopyMethod::kKernel:
         KVO_RETURN_IF_ERROR(EnqueueKernel(lane, job, *segs, d2h, &final_stream));
@@ -546,9 +564,9 @@ class CudaTransferEngine final : public TransferEngine {
   // planned (transfer/staging_plan.h) and enqueued one at a time, so the GPU starts on chunk 0
   // while the host still plans the rest; each chunk's descriptors go to device memory just
   // before its kernel needs them.
-  Status EnqueueStaging(Lane& lane, Job* job, std::vector<CopySegment>* segs, bool d2h,
-                        cudaStream_t* final_stream) {
-    KVO_RETURN_IF_ERROR(OrderByHost(segs, d2h, &order_scratch_).status());
+  Status EnqueueStaging(Lane& lane, Job* job, std::vector<CopySegment>* segs,
+                        HostRowExpander* source, bool d2h, cudaStream_t* final_stream) {
+    if (source == nullptr) KVO_RETURN_IF_ERROR(OrderByHost(segs, d2h, &order_scratch_).status());
     const StagingShape& shape = job->busy ? tuning_.staging_busy : tuning_.staging_idle;
     const int ctas = shape.ctas > 0 ? shape.ctas : 4 * sms_;
     StagingPlanner::Params params;
@@ -558,9 +576,16 @@ class CudaTransferEngine final : public TransferEngine {
                       reinterpret_cast<uintptr_t>(lane.staging[1])};
     params.first_slot = lane.next_slot;
     params.d2h = d2h;
-    KVO_ASSIGN_OR_RETURN(
-        job->descs, descriptor_pool_.Acquire(StagingPlanner::MaxDescs(*segs, job->bytes, params)));
-    planner_.Begin(*segs, job->bytes, params, job->descs.host, job->descs.capacity);
+    const size_t max_descs =
+        source != nullptr
+            ? StagingPlanner::MaxDescs(source->MaxPieces(params.piece_bytes), job->bytes, params)
+            : StagingPlanner::MaxDescs(*segs, job->bytes, params);
+    KVO_ASSIGN_OR_RETURN(job->descs, descriptor_pool_.Acquire(max_descs));
+    if (source != nullptr) {
+      planner_.Begin(source, job->bytes, params, job->descs.host, job->descs.capacity);
+    } else {
+      planner_.Begin(*segs, job->bytes, params, job->descs.host, job->descs.capacity);
+    }
     // The job's GPU time starts here (planning chunk 0 and the ordering above are not in it).
     KVO_CUDA_RETURN_IF_ERROR(cudaEventRecord(job->start, d2h ? lane.kernel : lane.copy));
     StagingChunk c;
@@ -638,6 +663,7 @@ class CudaTransferEngine final : public TransferEngine {
   std::deque<std::pair<TransferJobId, CopyMethod>> recent_methods_;
   // Per-submit work buffers, reused (their capacity stays): no heap allocation per job once grown.
   std::vector<CopySegment> segs_;
+  HostRowExpander expander_;
   HostOrderScratch order_scratch_;
   StagingPlanner planner_;
   std::vector<DmaCopy> copies_;

@@ -334,6 +334,57 @@ TEST(CudaEngineStagingTest, ManyChunksBothShapesByteExact) {
   }
 }
 
+// A staging job of many chunks whose only bad block id is its very last one: the whole job is
+// refused at Submit (no job id, nothing reported by GetFinished) and neither side was written —
+// the check is whole-job before chunk 0 is enqueued, though segments are generated per chunk.
+TEST(CudaEngineStagingTest, BadBlockInTheLastChunkFailsTheWholeJobBeforeAnyCopy) {
+  SKIP_WITHOUT_DEVICE();
+  std::mt19937_64 rng(::kvo::testing::TestSeed());
+  CudaEngineTuning tuning;
+  tuning.staging_chunk_bytes = 1 << 20;
+  KvLayoutSpec spec;
+  const uint64_t page = 8 << 10, num_blocks = 256;
+  KvGroupLayout group;
+  for (uint32_t t = 0; t < 8; ++t) {
+    spec.tensors.push_back({0, num_blocks, page, page});
+    group.refs.push_back({t, page});
+  }
+  spec.groups = {group, group};
+  Fixture f;
+  Build(spec, 200, "staging", rng, &f, 0, tuning);
+  if (HasFatalFailure()) return;
+  BlockTransferSpec bs;
+  bs.gpu_block_ids = DistinctIds(150, num_blocks, rng);  // about 10 chunks of 1 MiB
+  bs.group_sizes = {75, 75};
+  bs.cpu_slots = DistinctIds(150, 200, rng);
+  bs.gpu_block_ids.back() = static_cast<int64_t>(num_blocks);  // one past the tensors
+  for (auto dir : {TransferDirection::kGpuToCpu, TransferDirection::kCpuToGpu}) {
+    SCOPED_TRACE(std::string(TransferDirectionName(dir)));
+    TransferRequest req;
+    req.direction = dir;
+    req.blocks = bs;
+    auto id = f.engine->Submit(req);
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), StatusCode::kOutOfRange) << id.status().ToString();
+    EXPECT_NE(id.status().message().find("GPU block 256"), std::string::npos);
+    f.engine->WaitAll();
+    std::vector<TransferResult> results;
+    f.engine->GetFinished(&results);
+    EXPECT_TRUE(results.empty());
+    const uint8_t* host = reinterpret_cast<const uint8_t*>(f.region.base);
+    size_t touched = 0;
+    for (uint64_t i = 0; i < f.region.bytes(); ++i) touched += host[i] != kHostPoison;
+    EXPECT_EQ(touched, 0u) << "host bytes written by a refused job";
+    std::vector<uint8_t> got(f.device_mirror.size());
+    ASSERT_TRUE(CopyDeviceToHost(got.data(), f.device.addr(), got.size()).ok());
+    EXPECT_TRUE(got == f.device_mirror) << "device bytes written by a refused job";
+  }
+  // The engine still works after the refusal: the job with a valid last block round-trips (a
+  // repeated block id is fine: the load writes it twice with the same bytes).
+  bs.gpu_block_ids.back() = 0;
+  RoundTrip(&f, bs);
+}
+
 INSTANTIATE_TEST_SUITE_P(Methods, CudaEngineMethodTest,
                          ::testing::Values("staging", "kernel", "batch", "dma", "auto"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
