@@ -12,6 +12,7 @@
 #include "common/mutex.h"
 #include "events/zmq_subscriber.h"
 #include "indexer/doctor.h"
+#include "indexer/instance_blocks.h"
 #include "indexer/router_api.h"
 
 namespace kvo {
@@ -1059,6 +1060,7 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
                             ",\"streams\":" + std::to_string(streams) +
                             ",\"streams_connected\":" + std::to_string(connected) + "}"};
   }
+  if (HttpResponse blocks; ServeInstanceBlocks(r, *impl_->index, &blocks)) return blocks;
   return HttpResponse{404, "application/json", RenderError("no such path: " + r.path)};
 }
 
