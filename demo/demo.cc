@@ -13,9 +13,8 @@
 #include <thread>
 
 #include "common/json.h"
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 #include "indexer/instance_blocks.h"
-#include "indexer/sources_config.h"
 #include "supervisor/supervisor.h"
 
 namespace kvo::demo {
@@ -82,7 +81,7 @@ Result<Server> ServerFromListening(const std::string& name, const std::string& l
   }
   std::string host_port = url.substr(7);
   if (size_t slash = host_port.find('/'); slash != std::string::npos) host_port.resize(slash);
-  KVO_ASSIGN_OR_RETURN(HttpAddress a, ParseHttpAddress(host_port));
+  KVO_ASSIGN_OR_RETURN(HttpAddress a, ParseHttpUrl(url));
   return Server{name, "http://" + host_port, a};
 }
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 #include "indexer/indexer.h"
 
 namespace kvo {
