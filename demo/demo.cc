@@ -208,7 +208,8 @@ class Run {
   Result<Server> AwaitServer(const std::string& name) {
     KVO_ASSIGN_OR_RETURN(std::string line, sup_->WaitListening(name, o_.start_timeout));
     KVO_ASSIGN_OR_RETURN(Server s, ServerFromListening(name, line));
-    Progress(o_, Tag() + name + " listening on " + s.url + " (log " + sup_->LogPath(name) + ")");
+    Progress(o_, Tag() + name + " (pid " + std::to_string(sup_->Pid(name)) + ") listening on " +
+                     s.url + " (log " + sup_->LogPath(name) + ")");
     return s;
   }
 
@@ -278,8 +279,10 @@ class Run {
       largv.insert(largv.end(), {"--speedup", sp.str()});
     }
     largv.insert(largv.end(), o_.load_args.begin(), o_.load_args.end());
-    Progress(o_, Tag() + "load: kvo load --target " + router_.url + " ...");
     KVO_RETURN_IF_ERROR(sup_->Start(ChildSpec{"load", largv, {}, ChildRole::kTask}));
+    Progress(o_, Tag() + "load (pid " + std::to_string(sup_->Pid("load")) +
+                     ") running: kvo load --target " + router_.url + " (log " +
+                     sup_->LogPath("load") + ")");
     KVO_ASSIGN_OR_RETURN(ChildExit le, sup_->WaitExit("load", o_.load_timeout));
     if (!le.ok()) {
       return Status::Unavailable("kvo load (" + policy_ + ") failed: " + le.Describe() +
