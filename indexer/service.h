@@ -28,7 +28,7 @@
 #include "common/metrics.h"
 #include "common/result.h"
 #include "indexer/http_api.h"
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 #include "indexer/indexer.h"
 #include "indexer/sources_config.h"
 

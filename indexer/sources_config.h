@@ -17,6 +17,7 @@
 
 #include "common/result.h"
 #include "events/block_hash.h"
+#include "http/address.h"
 
 namespace kvo {
 
@@ -86,10 +87,6 @@ Status ValidateSources(const std::vector<SourceConfig>& sources);
 // The source's streams, one per DP rank, with vLLM's port offsets applied.
 Result<std::vector<SourceStream>> ExpandStreams(const SourceConfig& source);
 
-struct HttpAddress {
-  std::string host;
-  int port = 0;
-};
 // "HOST:PORT" (IPv6 as "[::1]:PORT"); port 0..65535. InvalidArgument naming the text.
 Result<HttpAddress> ParseHttpAddress(std::string_view text);
 // 127.0.0.0/8, ::1 and "localhost".
