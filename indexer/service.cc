@@ -1028,6 +1028,7 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
     if (r.path == "/unregister") return impl_->Unregister(r);
     return impl_->RouterQuery(r, r.path == "/query_by_hash");
   }
+  if (HttpResponse page; ServeOperatorPage(r, *impl_->index, &page)) return page;
   if (r.path == "/workers") {
     if (r.method != "GET") return method_not_allowed("GET");
     return impl_->Workers();

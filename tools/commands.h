@@ -18,6 +18,7 @@ void AddPlanCommand(CLI::App& app);     // kvo plan
 void AddManagerCommand(CLI::App& app);  // kvo manager ops
 void AddFsCommand(CLI::App& app);       // kvo fs scan|verify|du
 void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
+void AddRouteCommand(CLI::App& app);    // kvo route
 
 // kvo demo --tour (tools/demo_tour.cc): the event bus in one process, then the pipeline.
 Status RunTour(int batches, bool json);

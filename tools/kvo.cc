@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   kvo::cli::AddManagerCommand(app);
   kvo::cli::AddFsCommand(app);
   kvo::cli::AddIndexCommands(app);
+  kvo::cli::AddRouteCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return kvo::cli::g_exit_code;
