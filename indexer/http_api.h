@@ -23,7 +23,7 @@
 
 #include "common/result.h"
 #include "indexer/doctor.h"
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 #include "indexer/indexer.h"
 
 namespace kvo {
