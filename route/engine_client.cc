@@ -40,8 +40,7 @@ struct ClientPool::Impl {
     if (idle.size() < max_idle) idle.push_back(std::move(c));
   }
   std::string Where(const std::string& method, const std::string& path) const {
-    return "HTTP " + method + " http://" + address.host + ":" + std::to_string(address.port) +
-           path;
+    return "HTTP " + method + " http://" + address.host + ":" + std::to_string(address.port) + path;
   }
 };
 
