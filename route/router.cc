@@ -555,7 +555,8 @@ Result<std::vector<EngineConfig>> DiscoverEngines(const std::vector<std::string>
     auto addr = ParseHttpUrl(url);
     if (!addr.ok()) return Status::InvalidArgument("--engine: " + addr.status().message());
     c.address = *addr;
-    c.instance_id = c.url;
+    // The indexer's names allow [A-Za-z0-9_.:@-]: HOST:PORT, not the URL.
+    c.instance_id = c.address.host + ":" + std::to_string(c.address.port);
     // The engine's own name, when it tells it (kvo sim's GET /kvo/state).
     auto state = HttpCall(c.address, "GET", "/kvo/state", "", timeout_ms);
     if (!state.ok()) {
