@@ -44,8 +44,8 @@ struct Sample {
 };
 
 // Interleaves `n` direct and `n` routed requests; Unavailable when a request fails.
-Status Measure(route::ClientPool& direct, route::ClientPool& routed, const std::string& body,
-               int n, const std::string& expect_instance, Sample* out) {
+Status Measure(route::ClientPool& direct, route::ClientPool& routed, const std::string& body, int n,
+               const std::string& expect_instance, Sample* out) {
   using Clock = std::chrono::steady_clock;
   for (int i = 0; i < n; ++i) {
     for (int which = 0; which < 2; ++which) {
@@ -90,8 +90,8 @@ int RunRouteBench(const BenchOptions& options) {
   }
   // The indexer, with the prompt's prefix held by eng-a (GPU) and a quarter of it by eng-b (CPU).
   std::error_code ec;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("kvo-route-bench-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("kvo-route-bench-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir, ec);
   std::vector<int64_t> tokens(kPromptTokens);
   for (int i = 0; i < kPromptTokens; ++i) tokens[i] = (i * 7919) % 50000 + 1;

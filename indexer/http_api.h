@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "common/result.h"
-#include "indexer/doctor.h"
 #include "http/http_server.h"
+#include "indexer/doctor.h"
 #include "indexer/indexer.h"
 
 namespace kvo {

@@ -17,15 +17,21 @@ struct ClientPool::Impl {
   Mutex mu;
   std::vector<std::unique_ptr<httplib::Client>> idle GUARDED_BY(mu);
 
-  std::unique_ptr<httplib::Client> Take() {
+  // An idle connection (`*reused` = true) or a new one.
+  std::unique_ptr<httplib::Client> Take(bool* reused) {
     {
       MutexLock lock(&mu);
       if (!idle.empty()) {
         auto c = std::move(idle.back());
         idle.pop_back();
+        *reused = true;
         return c;
       }
     }
+    *reused = false;
+    return New();
+  }
+  std::unique_ptr<httplib::Client> New() {
     auto c = std::make_unique<httplib::Client>(address.host, address.port);
     auto t = std::chrono::milliseconds(timeout_ms);
     c->set_connection_timeout(t);
@@ -40,8 +46,7 @@ struct ClientPool::Impl {
     if (idle.size() < max_idle) idle.push_back(std::move(c));
   }
   std::string Where(const std::string& method, const std::string& path) const {
-    return "HTTP " + method + " http://" + address.host + ":" + std::to_string(address.port) +
-           path;
+    return "HTTP " + method + " http://" + address.host + ":" + std::to_string(address.port) + path;
   }
 };
 
@@ -60,9 +65,15 @@ Result<HttpClientResult> ClientPool::Call(const std::string& method, const std::
     return Status::InvalidArgument("ClientPool: unsupported method '" + method + "'");
   }
   try {
-    auto client = impl_->Take();
+    bool reused = false;
+    auto client = impl_->Take(&reused);
     httplib::Result res =
         method == "GET" ? client->Get(path) : client->Post(path, body, "application/json");
+    if (!res && reused) {
+      // A kept-alive connection the server closed as we sent: once more on a new connection.
+      client = impl_->New();
+      res = method == "GET" ? client->Get(path) : client->Post(path, body, "application/json");
+    }
     if (!res) {
       return Status::Unavailable(impl_->Where(method, path) + ": " +
                                  httplib::to_string(res.error()));
@@ -78,7 +89,8 @@ Result<HttpClientResult> ClientPool::Call(const std::string& method, const std::
 Result<int> ClientPool::Stream(const std::string& path, const std::string& body,
                                const OnHead& on_head, const OnChunk& on_chunk) {
   try {
-    auto client = impl_->Take();
+    bool reused = false;
+    auto client = impl_->Take(&reused);
     httplib::Request req;
     req.method = "POST";
     req.path = path;

@@ -117,7 +117,7 @@ struct RouterOptions {
   Clock* clock = nullptr;  // nullptr: SystemClock()
 };
 
-// Asks each engine for its instance id (GET /kvo/state, else the URL) and, unless
+// Asks each engine for its instance id (GET /kvo/state, else HOST:PORT) and, unless
 // `register_with` is unset, its event sources (GET /kv_event_sources), registering each with
 // the indexer (POST /register). Unavailable / InvalidArgument naming the engine.
 Result<std::vector<EngineConfig>> DiscoverEngines(const std::vector<std::string>& urls,

@@ -24,7 +24,7 @@ namespace {
 using nlohmann::json;
 using OJson = nlohmann::ordered_json;
 
-constexpr size_t kLatencyWindow = 8192;  // routing latencies kept for /route/stats percentiles
+constexpr size_t kLatencyWindow = 8192;   // routing latencies kept for /route/stats percentiles
 constexpr size_t kMaxQueuedChunks = 256;  // a streaming relay's bound on chunks not yet written
 
 HttpResponse Json(int status, std::string body) {
@@ -132,15 +132,14 @@ Status Router::Impl::Init() {
   if (options.indexer) {
     indexer = std::make_unique<ClientPool>(*options.indexer, options.indexer_timeout_ms);
   }
-  KVO_ASSIGN_OR_RETURN(auto* dec, metrics.AddCounterFamily("kvo_route_decisions_total",
-                                                           "Requests placed, by instance",
-                                                           {"instance"}));
-  KVO_ASSIGN_OR_RETURN(
-      auto* pred,
-      metrics.AddCounterFamily("kvo_route_predicted_hit_tokens_total",
-                               "Prefix tokens the indexer reported for the chosen instance "
-                               "(kv policy)",
-                               {"instance"}));
+  KVO_ASSIGN_OR_RETURN(auto* dec,
+                       metrics.AddCounterFamily("kvo_route_decisions_total",
+                                                "Requests placed, by instance", {"instance"}));
+  KVO_ASSIGN_OR_RETURN(auto* pred, metrics.AddCounterFamily(
+                                       "kvo_route_predicted_hit_tokens_total",
+                                       "Prefix tokens the indexer reported for the chosen instance "
+                                       "(kv policy)",
+                                       {"instance"}));
   KVO_ASSIGN_OR_RETURN(
       auto* deliv,
       metrics.AddCounterFamily("kvo_route_delivered_hit_tokens_total",
@@ -152,12 +151,12 @@ Status Router::Impl::Init() {
                                                 "Times an engine could not be reached (the "
                                                 "request was retried on another)",
                                                 {"instance"}));
-  KVO_ASSIGN_OR_RETURN(auto* inflight,
-                       metrics.AddGaugeFamily("kvo_route_in_flight",
-                                              "Requests forwarded and not yet answered",
-                                              {"instance"}));
-  KVO_ASSIGN_OR_RETURN(m_requests, metrics.AddCounter("kvo_route_requests_total",
-                                                      "Completion requests received"));
+  KVO_ASSIGN_OR_RETURN(
+      auto* inflight,
+      metrics.AddGaugeFamily("kvo_route_in_flight", "Requests forwarded and not yet answered",
+                             {"instance"}));
+  KVO_ASSIGN_OR_RETURN(
+      m_requests, metrics.AddCounter("kvo_route_requests_total", "Completion requests received"));
   KVO_ASSIGN_OR_RETURN(m_retries,
                        metrics.AddCounter("kvo_route_retries_total",
                                           "Requests sent again to another engine after one "
@@ -170,12 +169,11 @@ Status Router::Impl::Init() {
       metrics.AddCounter("kvo_route_indexer_errors_total",
                          "Indexer queries that failed (the request was placed without scores)"));
   KVO_ASSIGN_OR_RETURN(
-      m_latency,
-      metrics.AddHistogram("kvo_route_decision_seconds",
-                           "From the request read to its forwarding (parsing, the indexer query, "
-                           "the policy)",
-                           {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
-                            0.25}));
+      m_latency, metrics.AddHistogram(
+                     "kvo_route_decision_seconds",
+                     "From the request read to its forwarding (parsing, the indexer query, "
+                     "the policy)",
+                     {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25}));
   for (auto& e : engines) {
     const std::string& id = e->config.instance_id;
     KVO_ASSIGN_OR_RETURN(e->m_decisions, dec->WithLabels({id}));
@@ -199,8 +197,7 @@ void Router::Impl::RecordLatency(int64_t ns) {
   }
 }
 
-std::map<std::string, PrefixMatch> Router::Impl::QueryIndexer(
-    const std::vector<uint32_t>& tokens) {
+std::map<std::string, PrefixMatch> Router::Impl::QueryIndexer(const std::vector<uint32_t>& tokens) {
   const int64_t bs = options.policy.block_size;
   // Only complete blocks can match: the tail is not sent.
   size_t n = tokens.size() / static_cast<size_t>(bs) * static_cast<size_t>(bs);
@@ -222,8 +219,8 @@ std::map<std::string, PrefixMatch> Router::Impl::QueryIndexer(
   int64_t errors = indexer_errors.fetch_add(1, std::memory_order_relaxed) + 1;
   m_indexer_errors->Increment();
   if ((errors & (errors - 1)) == 0) {  // the 1st, 2nd, 4th, 8th ... failure: no log flood
-    KVO_LOG_WARN("kvo route: indexer query failed ({} so far; placing without scores): {}",
-                 errors, st.ToString());
+    KVO_LOG_WARN("kvo route: indexer query failed ({} so far; placing without scores): {}", errors,
+                 st.ToString());
   }
   return {};
 }
@@ -245,8 +242,8 @@ HttpResponse Router::Impl::Complete(const HttpRequest& r, bool chat) {
   const int64_t start = Now();
   requests.fetch_add(1, std::memory_order_relaxed);
   m_requests->Increment();
-  auto req = chat ? openai::ParseChatCompletionRequest(r.body)
-                  : openai::ParseCompletionRequest(r.body);
+  auto req =
+      chat ? openai::ParseChatCompletionRequest(r.body) : openai::ParseCompletionRequest(r.body);
   if (!req.ok()) {
     bad_requests.fetch_add(1, std::memory_order_relaxed);
     return OpenAiError(400, req.status().message());
@@ -529,8 +526,7 @@ HttpResponse Router::Handle(const HttpRequest& r) {
     size_t up = 0;
     for (const auto& e : impl_->engines) up += e->down_until_ns.load() <= now ? 1 : 0;
     return Json(up > 0 ? 200 : 503, "{\"status\":\"" + std::string(up > 0 ? "ok" : "no engine up") +
-                                        "\",\"engines\":" +
-                                        std::to_string(impl_->engines.size()) +
+                                        "\",\"engines\":" + std::to_string(impl_->engines.size()) +
                                         ",\"engines_up\":" + std::to_string(up) + "}");
   }
   if (r.path == "/metrics") {
@@ -559,7 +555,8 @@ Result<std::vector<EngineConfig>> DiscoverEngines(const std::vector<std::string>
     auto addr = ParseHttpUrl(url);
     if (!addr.ok()) return Status::InvalidArgument("--engine: " + addr.status().message());
     c.address = *addr;
-    c.instance_id = c.url;
+    // The indexer's names allow [A-Za-z0-9_.:@-]: HOST:PORT, not the URL.
+    c.instance_id = c.address.host + ":" + std::to_string(c.address.port);
     // The engine's own name, when it tells it (kvo sim's GET /kvo/state).
     auto state = HttpCall(c.address, "GET", "/kvo/state", "", timeout_ms);
     if (!state.ok()) {
@@ -602,13 +599,13 @@ Result<std::vector<EngineConfig>> DiscoverEngines(const std::vector<std::string>
           auto res = HttpCall(*register_with, "POST", "/register", reg.dump(), timeout_ms);
           if (!res.ok()) return Status::Unavailable("--indexer: " + res.status().message());
           if (res->status != 200) {
-            return Status::InvalidArgument("--indexer refused to register " + c.instance_id +
-                                           " (" + url + "): " + CutForMessage(res->body, 512));
+            return Status::InvalidArgument("--indexer refused to register " + c.instance_id + " (" +
+                                           url + "): " + CutForMessage(res->body, 512));
           }
         }
       } catch (const json::exception& e) {
-        return Status::InvalidArgument("--engine " + url + ": GET /kv_event_sources: " +
-                                       CutForMessage(e.what(), 256));
+        return Status::InvalidArgument("--engine " + url +
+                                       ": GET /kv_event_sources: " + CutForMessage(e.what(), 256));
       }
     }
     out.push_back(std::move(c));

@@ -55,7 +55,8 @@ void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
-  cmd->add_option("area", *area, "events | journal | manager | transfer | fs | indexer | route | python")
+  cmd->add_option("area", *area,
+                  "events | journal | manager | transfer | fs | indexer | route | python")
       ->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");

@@ -1,6 +1,6 @@
 // `kvo route`: the KV-aware OpenAI-compatible router (route/). This file only wires flags.
-#include <nlohmann/json.hpp>
 #include <signal.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <memory>
@@ -47,8 +47,8 @@ Status RunRoute(const RouteArgs& a) {
   }
   std::optional<HttpAddress> register_with;
   if (!a.no_register && options.indexer) register_with = options.indexer;
-  KVO_ASSIGN_OR_RETURN(auto engines, route::DiscoverEngines(a.engines, register_with, a.model,
-                                                            a.block_size, 5000));
+  KVO_ASSIGN_OR_RETURN(
+      auto engines, route::DiscoverEngines(a.engines, register_with, a.model, a.block_size, 5000));
   KVO_ASSIGN_OR_RETURN(auto router, route::Router::Create(options, engines));
 
   sigset_t signals;

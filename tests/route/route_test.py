@@ -52,6 +52,7 @@ class Engine:
     def __init__(self, name, pub, rep, hit_tokens):
         self.name, self.pub, self.rep, self.hit_tokens = name, pub, rep, hit_tokens
         self.requests = []
+        self.conns = []  # open connections: stop() cuts them, as a dying process would
         self.release = threading.Event()  # the streaming answer's second chunk waits for it
         engine = self
 
@@ -60,6 +61,10 @@ class Engine:
 
             def log_message(self, *a):
                 pass
+
+            def setup(self):
+                super().setup()
+                engine.conns.append(self.connection)
 
             def reply(self, status, obj, ctype="application/json"):
                 body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
@@ -116,6 +121,11 @@ class Engine:
     def stop(self):
         self.server.shutdown()
         self.server.server_close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def stores(tokens, hashes, medium):
@@ -228,10 +238,17 @@ def main():
         assert st == 503 and set(err) == {"message", "type", "param", "code"}, (st, body)
         assert call(base + "/health")[0] == 503
         metrics = call(base + "/metrics")[1]
-        for needle in ('kvo_route_decisions_total{instance="eng-a"} 5',
+        stats = json.loads(call(base + "/route/stats")[1])
+        for inst in stats["instances"]:
+            for name, key in (("decisions", "decisions"), ("predicted_hit_tokens", "predicted_hit_tokens"),
+                              ("delivered_hit_tokens", "delivered_hit_tokens")):
+                line = f'kvo_route_{name}_total{{instance="{inst["instance_id"]}"}} {float(inst[key])}'
+                assert line in metrics, line + "\n" + metrics
+        assert stats["unplaced"] == 1 and stats["requests"] == 10, stats
+        for needle in ('kvo_route_decisions_total{instance="eng-a"}',
                        'kvo_route_predicted_hit_tokens_total{instance="eng-a"}',
                        'kvo_route_delivered_hit_tokens_total{instance="eng-b"}',
-                       "kvo_route_retries_total 1", "kvo_route_unplaced_total 1",
+                       "kvo_route_retries_total 1.0", "kvo_route_unplaced_total 1.0",
                        "kvo_route_decision_seconds_bucket"):
             assert needle in metrics, needle + "\n" + metrics
 
