@@ -18,6 +18,8 @@ void AddPlanCommand(CLI::App& app);     // kvo plan
 void AddManagerCommand(CLI::App& app);  // kvo manager ops
 void AddFsCommand(CLI::App& app);       // kvo fs scan|verify|du
 void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
+void AddSimCommand(CLI::App& app);      // kvo sim
+void AddLoadCommand(CLI::App& app);     // kvo load
 
 // kvo demo's second part (tools/demo_pipeline.cc): two engines, offload tiers, events, indexer,
 // router query, restart; working files under `dir`.
