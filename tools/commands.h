@@ -19,6 +19,8 @@ void AddManagerCommand(CLI::App& app);  // kvo manager ops
 void AddFsCommand(CLI::App& app);       // kvo fs scan|verify|du
 void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
 void AddRouteCommand(CLI::App& app);    // kvo route
+void AddSimCommand(CLI::App& app);      // kvo sim
+void AddLoadCommand(CLI::App& app);     // kvo load
 
 // kvo demo --tour (tools/demo_tour.cc): the event bus in one process, then the pipeline.
 Status RunTour(int batches, bool json);

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   kvo::cli::AddFsCommand(app);
   kvo::cli::AddIndexCommands(app);
   kvo::cli::AddRouteCommand(app);
+  kvo::cli::AddSimCommand(app);
+  kvo::cli::AddLoadCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return kvo::cli::g_exit_code;
