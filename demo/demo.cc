@@ -236,6 +236,8 @@ class Run {
                                        EventsConfig(sdir),
                                        "--seed",
                                        std::to_string(o_.seed + static_cast<uint64_t>(i))};
+      if (o_.gpu_blocks > 0)
+        argv.insert(argv.end(), {"--gpu-blocks", std::to_string(o_.gpu_blocks)});
       argv.insert(argv.end(), o_.sim_args.begin(), o_.sim_args.end());
       KVO_RETURN_IF_ERROR(StartServer(id, argv).status());
     }
@@ -251,6 +253,11 @@ class Run {
     for (const Server& s : sims_) {
       rargv.push_back("--engine");
       rargv.push_back(s.url);
+    }
+    if (o_.load_penalty >= 0) {
+      std::ostringstream lp;
+      lp << o_.load_penalty;
+      rargv.insert(rargv.end(), {"--load-penalty", lp.str()});
     }
     rargv.insert(rargv.end(), o_.route_args.begin(), o_.route_args.end());
     KVO_RETURN_IF_ERROR(StartServer("router", rargv).status());
@@ -346,7 +353,7 @@ class Run {
     for (std::string line; std::getline(rf, line);) {
       auto j = ParseJson(line, "a kvo load record");
       if (!j.ok() || !j->is_object()) continue;
-      if (j->contains("error") && !(*j)["error"].is_null() && (*j)["error"] != false) continue;
+      if (j->value("ok", true) != true) continue;  // a failed request has no TTFT
       const double t = Num(*j, {"ttft_ms"});
       if (t > 0) run->ttft_samples.push_back(t);
     }
@@ -453,8 +460,9 @@ class Run {
     }
     KVO_ASSIGN_OR_RETURN(std::string metrics, GetText(indexer_, "/metrics"));
     run->events_indexed =
-        static_cast<int64_t>(SumMetric(metrics, "kvo_indexer_block_events_applied"));
-    run->batches_indexed = static_cast<int64_t>(SumMetric(metrics, "kvo_indexer_batches_applied"));
+        static_cast<int64_t>(SumMetric(metrics, "kvo_indexer_block_events_applied_total"));
+    run->batches_indexed =
+        static_cast<int64_t>(SumMetric(metrics, "kvo_indexer_batches_applied_total"));
     auto stats = GetJson(router_, "/route/stats");
     if (stats.ok()) {
       run->router_stats = *stats;
@@ -520,6 +528,9 @@ Result<DemoReport> RunDemo(const DemoOptions& options) {
     }
     if (options.turns > 0) report.workload += " --turns " + std::to_string(options.turns);
     report.workload += ")";
+  }
+  if (options.gpu_blocks > 0) {
+    report.workload += "; engines with " + std::to_string(options.gpu_blocks) + " GPU blocks";
   } else {
     report.workload = "trace " + options.trace;
   }

@@ -76,9 +76,15 @@ bool ServeInstanceBlocks(const HttpRequest& request, const Indexer& index, HttpR
     blocks[MediumName(e.medium)].insert(e.engine_hash);
     return true;
   });
-  // A stream that holds nothing yet is still the instance's (known, empty).
+  // A stream that holds nothing yet, or a registration that has published nothing (an engine
+  // the router never chose), is still the instance's: known, empty.
   for (const StreamStats& st : index.Stats().streams) {
     if (st.source == instance || st.source.starts_with(registered)) sources.insert(st.source);
+  }
+  if (auto regs = index.Registrations(); regs.ok()) {
+    for (const StoredRegistration& r : *regs) {
+      if (r.name.starts_with(registered)) sources.insert(r.name);
+    }
   }
   if (sources.empty()) {
     *out = HttpResponse{404, "application/json",

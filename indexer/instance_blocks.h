@@ -2,7 +2,8 @@
 // what `kvo demo` compares with each engine's own state (its consistency verdict). Read-only.
 //
 //   {instance} matches a source named exactly so (--source/--config) and every stream registered
-//   through POST /register under that instance_id (sources "<instance>@<tenant>@<rank>").
+//   through POST /register under that instance_id (sources "<instance>@<tenant>@<rank>"), also
+//   one that has published nothing yet (its sets are empty).
 //   -> 200 {"instance", "sources": [name, ...],
 //           "blocks": {"GPU": ["<16 hex digits>", ...], "CPU": [...], "DISK": [...], <other>:
 //           [...]}, "digest": {medium: "<16 hex digits>"}, "count": {medium: n}}

@@ -145,6 +145,15 @@ void AddDemoCommand(CLI::App& app) {
   cmd->add_option("--turns", a->options.turns, "synthetic workload: turns per conversation")
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--seed", a->options.seed, "workload and engine seed")->capture_default_str();
+  cmd->add_option(
+         "--gpu-blocks", a->options.gpu_blocks,
+         "each engine's GPU prefix cache, in blocks (kvo sim --gpu-blocks; 0: its default)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--load-penalty", a->options.load_penalty,
+                  "kvo route --load-penalty: blocks of prefix one request in flight costs "
+                  "(negative: the router's default)")
+      ->capture_default_str();
   cmd->add_option("--policy", a->policies,
                   "routing policies to run, in order (repeatable; default kv, round-robin)")
       ->check(CLI::IsMember({"kv", "round-robin", "random", "least-loaded"}));

@@ -86,6 +86,12 @@ TEST(InstanceBlocksTest, PerMediumSetsOfOneInstance) {
   EXPECT_EQ(j["digest"]["GPU"], BlockSetDigest({9, 2, 1, 2}));
   EXPECT_EQ(j["digest"]["DISK"], BlockSetDigest({7}));
 
+  // Registered, nothing published yet: known and empty.
+  ASSERT_TRUE(ix.PutRegistration("sim-2@default@0", "{}").ok());
+  nlohmann::json idle = Get(ix, "/v1/instances/sim-2/blocks");
+  EXPECT_EQ(idle["sources"], nlohmann::json({"sim-2@default@0"}));
+  EXPECT_EQ(idle["blocks"]["GPU"], nlohmann::json::array());
+
   nlohmann::json one = Get(ix, "/v1/instances/sim-1/blocks");
   EXPECT_EQ(one["blocks"]["GPU"], nlohmann::json(Hexes({4})));
   EXPECT_EQ(one["blocks"]["CPU"], nlohmann::json::array());
