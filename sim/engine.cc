@@ -261,12 +261,15 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
   std::span<const OffloadKey> rest(keys.data() + gpu_hit, max_hit - gpu_hit);
   const uint64_t disk_before = DiskHits();
   OffloadManager::PrefixLookupResult hit;
+  // A deferred lookup waits for the file tier's answer as vLLM's scheduler does, retrying each
+  // step; steps here are 100 us apart, and after 200 of them a step waits for the tier's jobs.
   for (int step = 0;; ++step) {
     hit = manager->MaximalPrefixLookup(rest, ctx);
     manager->Touch(rest, ctx);
     if (!hit.deferred) break;
-    if (step == 50) return Status::Internal(req_id + ": lookup still deferred after 50 steps");
-    KVO_RETURN_IF_ERROR(EndStep(true));
+    if (step == 250) return Status::Internal(req_id + ": lookup still deferred after 250 steps");
+    KVO_RETURN_IF_ERROR(EndStep(step >= 200));
+    if (step < 200) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   const size_t offload_hit = hit.hits;
   const size_t disk_hit = std::min<uint64_t>(DiskHits() - disk_before, offload_hit);
