@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <list>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "common/file_system.h"
@@ -124,13 +127,45 @@ struct SimEngine::Impl {
     return std::memcmp(scratch.data(), p, block_bytes) == 0;
   }
 
-  Status EndStep() {
-    manager->OnScheduleEnd();
-    for (size_t t = 0; t < manager->num_secondary_tiers(); ++t) {
-      manager->secondary_tier(t).DrainJobs();  // the engine's next steps, collapsed
+  // One scheduler step: finished tier jobs, new promotions and cascades, the step's events.
+  // `drain`: wait for the file tier's jobs first (quiesce).
+  Status EndStep(bool drain) EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (drain) {
+      for (size_t t = 0; t < manager->num_secondary_tiers(); ++t) {
+        manager->secondary_tier(t).DrainJobs();
+      }
     }
+    manager->OnScheduleEnd();
     KVO_RETURN_IF_ERROR(manager->PublishEvents());
+    // Blocks the file tier announced stored (its cascade writes).
+    const uint64_t storage_stored = manager->GetStats().events_taken.blocks[1][0];
+    counters.bytes_stored[kDisk] += (storage_stored - stored_events_storage_seen) * block_bytes;
+    stored_events_storage_seen = storage_stored;
     return exporter->Export(manager->GetStats());
+  }
+  // Until nothing is in flight (bounded: a job that never ends is the tier's bug).
+  Status Quiesce() EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (int i = 0; i < 16; ++i) {
+      KVO_RETURN_IF_ERROR(EndStep(true));
+      if (!manager->HasPendingWork()) break;
+    }
+    return Status::Ok();
+  }
+
+  // The engine's step loop between requests: collects finished file-tier jobs and publishes
+  // their events while no request is being served (a real engine steps continuously).
+  std::thread stepper;
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stop = false;
+  void StepLoop() {
+    std::unique_lock<std::mutex> lock(stop_mu);
+    while (!stop_cv.wait_for(lock, std::chrono::milliseconds(5), [&] { return stop; })) {
+      MutexLock engine_lock(&mu);
+      if (!manager->HasPendingWork()) continue;
+      Status s = EndStep(false);
+      if (!s.ok()) KVO_LOG_WARN("sim step: {}", s.ToString());
+    }
   }
 
   Status Finish(TransferJobId job) {
@@ -226,12 +261,15 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
   std::span<const OffloadKey> rest(keys.data() + gpu_hit, max_hit - gpu_hit);
   const uint64_t disk_before = DiskHits();
   OffloadManager::PrefixLookupResult hit;
+  // A deferred lookup waits for the file tier's answer as vLLM's scheduler does, retrying each
+  // step; steps here are 100 us apart, and after 200 of them a step waits for the tier's jobs.
   for (int step = 0;; ++step) {
     hit = manager->MaximalPrefixLookup(rest, ctx);
     manager->Touch(rest, ctx);
     if (!hit.deferred) break;
-    if (step == 50) return Status::Internal(req_id + ": lookup still deferred after 50 steps");
-    KVO_RETURN_IF_ERROR(EndStep());
+    if (step == 250) return Status::Internal(req_id + ": lookup still deferred after 250 steps");
+    KVO_RETURN_IF_ERROR(EndStep(step >= 200));
+    if (step < 200) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   const size_t offload_hit = hit.hits;
   const size_t disk_hit = std::min<uint64_t>(DiskHits() - disk_before, offload_hit);
@@ -332,22 +370,28 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
   }
   manager->Touch(keys, ctx);
   manager->OnRequestFinished(ctx);
-  const auto t_end = SteadyClock::now();
-  KVO_RETURN_IF_ERROR(EndStep());  // the cascade's file writes finish here
-  out.store_seconds += Since(t_end);
-
-  // Blocks the file tier announced stored (its cascade writes).
-  const ManagerStats stats = manager->GetStats();
-  const uint64_t storage_stored = stats.events_taken.blocks[1][0];
-  counters.bytes_stored[kDisk] += (storage_stored - stored_events_storage_seen) * block_bytes;
-  stored_events_storage_seen = storage_stored;
+  KVO_RETURN_IF_ERROR(EndStep(false));  // the cascade's file writes go on in the background
   return out;
 }
 
 SimEngine::SimEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 SimEngine::~SimEngine() {
-  if (impl_ && impl_->publisher) impl_->publisher->Shutdown();
+  if (!impl_) return;
+  if (impl_->stepper.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->stop_mu);
+      impl_->stop = true;
+    }
+    impl_->stop_cv.notify_all();
+    impl_->stepper.join();
+  }
+  {
+    MutexLock lock(&impl_->mu);
+    Status s = impl_->Quiesce();
+    if (!s.ok()) KVO_LOG_WARN("sim shutdown: {}", s.ToString());
+  }
+  if (impl_->publisher) impl_->publisher->Shutdown();
 }
 
 Result<std::unique_ptr<SimEngine>> SimEngine::Open(const SimEngineOptions& options) {
@@ -412,6 +456,8 @@ Result<std::unique_ptr<SimEngine>> SimEngine::Open(const SimEngineOptions& optio
   mo.engine_labels = {{"engine", options.instance_id}};
   mo.tiering = e.manager->num_secondary_tiers() > 0;
   KVO_ASSIGN_OR_RETURN(e.exporter, OffloadMetricsExporter::Create(&e.metrics, mo));
+  Impl* raw = impl.get();
+  impl->stepper = std::thread([raw] { raw->StepLoop(); });
   return std::unique_ptr<SimEngine>(new SimEngine(std::move(impl)));
 }
 
@@ -456,6 +502,11 @@ EngineCounters SimEngine::Counters() {
 }
 
 EngineState SimEngine::State() {
+  {
+    MutexLock lock(&impl_->mu);
+    Status s = impl_->Quiesce();  // every block's event published before the state is read
+    if (!s.ok()) KVO_LOG_WARN("sim state: {}", s.ToString());
+  }
   EngineState st;
   st.counters = Counters();
   MutexLock lock(&impl_->mu);

@@ -154,6 +154,16 @@ HttpResponse SimServer::Impl::Complete(const HttpRequest& r, openai::Endpoint en
         "model");
   }
   if (parsed->prompt_tokens.empty()) return Error(400, "prompt: empty", "prompt");
+  const SimEngineOptions& eo = engine->options();
+  const size_t blocks = parsed->prompt_tokens.size() / size_t(eo.block_size);
+  if (blocks > eo.gpu_blocks) {
+    // vLLM answers a prompt beyond max_model_len with 400 as well.
+    return Error(400,
+                 "prompt: " + std::to_string(parsed->prompt_tokens.size()) + " tokens need " +
+                     std::to_string(blocks) + " KV blocks; this engine's GPU cache holds " +
+                     std::to_string(eo.gpu_blocks) + " (--gpu-blocks)",
+                 "prompt");
+  }
   const bool chat = endpoint == openai::Endpoint::kChatCompletions;
   const uint64_t n = next_id.fetch_add(1);
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + instance_id + "-" + std::to_string(n);

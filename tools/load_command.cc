@@ -188,6 +188,7 @@ Record Send(const HttpAddress& target, const LoadArgs& a, const Request& r, Cloc
                                    whole += chunk;
                                    return true;
                                  }
+                                 if (whole.size() < 4096) whole += chunk;  // for error messages
                                  Status s = sse.Feed(chunk, [&](std::string_view data) {
                                    if (first) {
                                      rec.ttft_ms = ms();
@@ -211,8 +212,7 @@ Record Send(const HttpAddress& target, const LoadArgs& a, const Request& r, Cloc
     last = json::parse(whole, nullptr, false);
   }
   if (rec.status != 200) {
-    rec.error = "HTTP " + std::to_string(rec.status) + ": " +
-                (a.stream ? last.dump() : whole).substr(0, 300);
+    rec.error = "HTTP " + std::to_string(rec.status) + ": " + whole.substr(0, 300);
     return rec;
   }
   if (last.is_discarded() || !last.is_object()) {

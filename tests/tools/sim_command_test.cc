@@ -284,6 +284,9 @@ TEST(SimCommandTest, StreamingChatAndErrorsInOpenAIShape) {
   EXPECT_EQ(e["error"]["param"], "prompt");
   e = Call(s, "POST", "/v1/completions", R"({"prompt":"x","model":"other"})", 404);
   EXPECT_EQ(e["error"]["param"], "model");
+  Json big = {{"prompt_token_ids", std::vector<int>(65 * 16, 7)}};
+  e = Call(s, "POST", "/v1/completions", big.dump(), 400);
+  EXPECT_EQ(e["error"]["param"], "prompt") << "a prompt larger than the GPU cache";
   e = Call(s, "GET", "/v1/completions", "", 405);
   EXPECT_TRUE(e["error"].is_object());
 
