@@ -6,6 +6,7 @@
 // prompt's prefix for engine "eng-a" (64 blocks on GPU) and part of it for "eng-b" (CPU), and the
 // router in front (kv policy: every routed request asks the indexer's /query with its 1024 token
 // ids). One keep-alive client measures direct and routed requests interleaved.
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -98,6 +99,7 @@ int RunRouteBench(const BenchOptions& options) {
   IndexerConfig ic;
   ic.db = (dir / "index.db").string();
   ic.http = "127.0.0.1:0";
+  ic.silent_after_ms = 3'600'000;  // nobody publishes: no "not answering" warnings
   // Sources nobody publishes on: the index is fed below, as a subscriber would feed it.
   for (const char* name : {"eng-a", "eng-b"}) {
     SourceConfig sc;

@@ -97,7 +97,7 @@ struct Router::Impl {
   Counter* m_unplaced = nullptr;
   Counter* m_indexer_errors = nullptr;
   Histogram* m_latency = nullptr;
-  Mutex lat_mu;
+  mutable Mutex lat_mu;
   std::vector<double> latencies_ms GUARDED_BY(lat_mu);
   size_t lat_next GUARDED_BY(lat_mu) = 0;
 
@@ -472,7 +472,7 @@ std::string Router::Impl::Stats() const {
   out["instances"] = std::move(list);
   std::vector<double> lat;
   {
-    MutexLock lock(const_cast<Mutex*>(&lat_mu));
+    MutexLock lock(&lat_mu);
     lat = latencies_ms;
   }
   OJson l;
