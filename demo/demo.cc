@@ -238,6 +238,8 @@ class Run {
                                        std::to_string(o_.seed + static_cast<uint64_t>(i))};
       if (o_.gpu_blocks > 0)
         argv.insert(argv.end(), {"--gpu-blocks", std::to_string(o_.gpu_blocks)});
+      if (o_.cpu_blocks > 0)
+        argv.insert(argv.end(), {"--cpu-blocks", std::to_string(o_.cpu_blocks)});
       argv.insert(argv.end(), o_.sim_args.begin(), o_.sim_args.end());
       KVO_RETURN_IF_ERROR(StartServer(id, argv).status());
     }
@@ -531,6 +533,8 @@ Result<DemoReport> RunDemo(const DemoOptions& options) {
   }
   if (options.gpu_blocks > 0) {
     report.workload += "; engines with " + std::to_string(options.gpu_blocks) + " GPU blocks";
+    if (options.cpu_blocks > 0)
+      report.workload += ", " + std::to_string(options.cpu_blocks) + " CPU";
   } else {
     report.workload = "trace " + options.trace;
   }

@@ -28,11 +28,13 @@ struct DemoOptions {
   double speedup = 0;        // 0: kvo load's default
   // The default workload (sized for < 60 s on 2 cores, both policies): 16 conversations of 5
   // turns sharing a 1024-token system prompt (kvo load's synthetic shape), engines with a GPU
-  // prefix cache of 192 blocks (a whole conversation fits, not all of them: evictions, so CPU
-  // and file hits happen), and a router load penalty of 16 blocks per request in flight.
+  // prefix cache of 192 blocks and CPU rows of 256 (a whole conversation fits, not all of them:
+  // evictions, so CPU and file hits happen), and a router load penalty of 16 blocks per request in
+  // flight.
   int conversations = 16;
   int turns = 5;
   int64_t gpu_blocks = 192;  // kvo sim --gpu-blocks; 0: the sim's default
+  int64_t cpu_blocks = 256;  // kvo sim --cpu-blocks (smaller than the working set: file hits too)
   // kvo route --load-penalty (blocks per in-flight request); < 0: the router's default. The
   // router's default (1) never outweighs the shared 64-block system prompt: the first engine to
   // hold it gets every request (demo/DESIGN.md, "Why a load penalty of 16").

@@ -159,6 +159,10 @@ void AddDemoCommand(CLI::App& app) {
          "each engine's GPU prefix cache, in blocks (kvo sim --gpu-blocks; 0: its default)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--cpu-blocks", a->options.cpu_blocks,
+                  "each engine's CPU tier, in blocks (kvo sim --cpu-blocks; 0: its default)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--load-penalty", a->options.load_penalty,
                   "kvo route --load-penalty: blocks of prefix one request in flight costs "
                   "(negative: the router's default)")
