@@ -47,6 +47,8 @@ int RunHostTransferCases(const BenchOptions& options);
 int RunStagingPlanCases(const BenchOptions& options);
 // bench/fs_bench.cc
 int RunFsBench(const BenchOptions& options);
+// bench/route_bench.cc: kvo route's added latency against a direct request.
+int RunRouteBench(const BenchOptions& options);
 
 // Cases an optional library adds to an area (the GPU cases of `transfer`, from
 // transfer/cuda when it is linked): they run after the area's own cases. Thread-safe.

@@ -1,6 +1,6 @@
 #include "indexer/client.h"
 
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 
 namespace kvo {
 

@@ -8,7 +8,7 @@
 
 #include "common/json.h"
 #include "common/logging.h"
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 
 namespace kvo {
 namespace {

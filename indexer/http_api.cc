@@ -381,4 +381,43 @@ std::string RenderSources(const std::vector<SourceStatus>& sources) {
   return out.dump(-1, ' ', false, OJson::error_handler_t::replace);
 }
 
+std::string RenderMediaStats(const IndexerStats& stats) {
+  OJson list = OJson::array();
+  for (const StreamStats& st : stats.streams) {
+    OJson o;
+    o["source"] = st.source;
+    o["dp_rank"] = st.dp_rank;
+    o["last_sequence"] = st.has_seq ? OJson(st.last_seq) : OJson();
+    OJson entries = OJson::object();
+    for (const MediumStats& m : stats.per_medium) {
+      if (m.source == st.source && m.dp_rank == st.dp_rank) entries[m.medium] = m.blocks;
+    }
+    o["entries"] = std::move(entries);
+    list.push_back(std::move(o));
+  }
+  OJson out;
+  out["streams"] = std::move(list);
+  return out.dump(-1, ' ', false, OJson::error_handler_t::replace);
+}
+
+namespace {
+constexpr const char kOperatorPage[] =
+#include "operator_page.inc"
+    ;
+}  // namespace
+
+bool ServeOperatorPage(const HttpRequest& request, const Indexer& index, HttpResponse* out) {
+  const bool page = request.path == "/" || request.path == "/index.html";
+  if (!page && request.path != "/v1/media") return false;
+  if (request.method != "GET") {
+    *out = HttpResponse{405, "application/json",
+                        RenderError(request.method + " " + request.path + ": use GET")};
+  } else if (page) {
+    *out = HttpResponse{200, "text/html; charset=utf-8", kOperatorPage};
+  } else {
+    *out = HttpResponse{200, "application/json", RenderMediaStats(index.Stats())};
+  }
+  return true;
+}
+
 }  // namespace kvo

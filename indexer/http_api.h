@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "http/http_server.h"
 #include "indexer/doctor.h"
 #include "indexer/indexer.h"
 
@@ -98,5 +99,14 @@ struct SourceStatus {
 //   "lag_seconds", "gaps_filled", "restarts_seen", "hash_parity": {"state", ...},
 //   "streams": [{"dp_rank", "endpoint", "connected", "last_sequence", "lag_seconds", ...}]}]}
 std::string RenderSources(const std::vector<SourceStatus>& sources);
+
+// GET /v1/media: {"streams": [{"source", "dp_rank", "last_sequence", "entries": {medium: n}}]}
+// (entries held in memory per stream and medium; a stream with none has an empty object).
+std::string RenderMediaStats(const IndexerStats& stats);
+
+// The operator's page (indexer/operator_page.html, embedded at build time): GET / and
+// GET /index.html serve it, GET /v1/media answers RenderMediaStats(index.Stats()). Returns false
+// (and leaves *out alone) for every other path.
+bool ServeOperatorPage(const HttpRequest& request, const Indexer& index, HttpResponse* out);
 
 }  // namespace kvo

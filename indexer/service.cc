@@ -14,6 +14,7 @@
 #include "events/zmq_subscriber.h"
 #include "indexer/discovery.h"
 #include "indexer/doctor.h"
+#include "indexer/instance_blocks.h"
 #include "indexer/router_api.h"
 
 namespace kvo {
@@ -1246,6 +1247,7 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
     if (r.path == "/unregister") return impl_->Unregister(r);
     return impl_->RouterQuery(r, r.path == "/query_by_hash");
   }
+  if (HttpResponse page; ServeOperatorPage(r, *impl_->index, &page)) return page;
   if (r.path == "/workers") {
     if (r.method != "GET") return method_not_allowed("GET");
     return impl_->Workers();
@@ -1282,6 +1284,7 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
                             ",\"streams\":" + std::to_string(streams) +
                             ",\"streams_connected\":" + std::to_string(connected) + "}"};
   }
+  if (HttpResponse blocks; ServeInstanceBlocks(r, *impl_->index, &blocks)) return blocks;
   return HttpResponse{404, "application/json", RenderError("no such path: " + r.path)};
 }
 

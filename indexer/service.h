@@ -27,8 +27,8 @@
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/result.h"
+#include "http/http_server.h"
 #include "indexer/http_api.h"
-#include "indexer/http_server.h"
 #include "indexer/indexer.h"
 #include "indexer/sources_config.h"
 

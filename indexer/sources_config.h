@@ -17,6 +17,7 @@
 
 #include "common/result.h"
 #include "events/block_hash.h"
+#include "http/address.h"
 
 namespace kvo {
 

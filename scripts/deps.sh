@@ -14,6 +14,8 @@ PACKAGES=(
   python3 python3-msgpack python3-cbor2 python3-xxhash python3-zmq
   # the Python package (python/): extension build and its pytest tests
   python3-dev pybind11-dev python3-numpy python3-pytest
+  # the indexer's operator page test (headless; the test skips when it is absent)
+  chromium
 )
 
 missing=()

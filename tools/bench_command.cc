@@ -55,7 +55,8 @@ void AddBenchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
-  cmd->add_option("area", *area, "events | journal | manager | transfer | fs | indexer | python")
+  cmd->add_option("area", *area,
+                  "events | journal | manager | transfer | fs | indexer | route | python")
       ->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
@@ -75,13 +76,15 @@ void AddBenchCommand(CLI::App& app) {
       SetExitCode(bench::RunFsBench(*options));
     } else if (*area == "indexer") {
       SetExitCode(bench::RunIndexerBench(*options));
+    } else if (*area == "route") {
+      SetExitCode(bench::RunRouteBench(*options));
     } else if (*area == "python") {
       SetExitCode(RunPythonBench(*options));
       return;
     } else if (!bench::HasRegisteredBenchCases(*area)) {
       Fail(Status::InvalidArgument(
           "unknown bench area '" + *area +
-          "' (available: events, journal, manager, transfer, fs, indexer, python)"));
+          "' (available: events, journal, manager, transfer, fs, indexer, route, python)"));
     }
     if (bench::RunRegisteredBenchCases(*area, *options) != 0) SetExitCode(1);
   });

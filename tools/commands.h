@@ -18,8 +18,13 @@ void AddPlanCommand(CLI::App& app);     // kvo plan
 void AddManagerCommand(CLI::App& app);  // kvo manager ops
 void AddFsCommand(CLI::App& app);       // kvo fs scan|verify|du
 void AddIndexCommands(CLI::App& app);   // kvo index serve|query|doctor|stats|dump|explain
+void AddRouteCommand(CLI::App& app);    // kvo route
+void AddSimCommand(CLI::App& app);      // kvo sim
+void AddLoadCommand(CLI::App& app);     // kvo load
 
-// kvo demo's second part (tools/demo_pipeline.cc): two engines, offload tiers, events, indexer,
+// kvo demo --tour (tools/demo_tour.cc): the event bus in one process, then the pipeline.
+Status RunTour(int batches, bool json);
+// The tour's second part (tools/demo_pipeline.cc): two engines, offload tiers, events, indexer,
 // router query, restart; working files under `dir`.
 Status RunPipelineDemo(const std::string& dir);
 

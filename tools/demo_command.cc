@@ -1,132 +1,121 @@
-// kvo demo: a self-contained tour of the KV-event bus on this machine. A journaled publisher
-// emits vLLM-format batches (GPU prefix-cache stores with real vLLM block hashes, CPU offload
-// placeholders, evictions, a clear); a subscriber joins late and catches up by replay (beyond the
-// in-memory ring, from the journal), then follows live; every batch arrives once, in order.
-// Part 2 (tools/demo_pipeline.cc) runs the whole pipeline: offload tiers, events, the indexer.
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
+// kvo demo: the deployment as processes (demo/demo.h) — indexer, N engines, router, load — once
+// per routing policy with fresh state, then the report and the consistency verdict.
+// kvo demo --tour: the earlier one-process tour of the event bus and pipeline (demo_tour.cc).
+#include <unistd.h>
 
-#include "common/file_system.h"
-#include "events/events.h"
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "demo/demo.h"
+#include "supervisor/supervisor.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
 namespace {
 
-Status RunDemo(int batches, bool json) {
-  ScopedTempDir scratch("demo");
-  if (scratch.path().empty()) return scratch.status();
-  const std::string& dir = scratch.path();
+struct DemoArgs {
+  bool tour = false;
+  int batches = 12;
+  bool json = false;
+  std::string svg;
+  std::string workdir;
+  bool keep = false;
+  demo::DemoOptions options;
+  std::vector<std::string> policies;
+};
 
-  // 1. vLLM's chained block hashes for a prompt (sha256_cbor, PYTHONHASHSEED=0, 16-token blocks).
-  BlockHashOptions ho;
-  ho.algo = HashAlgo::kSha256Cbor;
-  ho.none_hash = NoneHash(ho.algo, "0");
-  ho.block_size = 16;
-  std::vector<int64_t> prompt;
-  for (int64_t t = 0; t < 16 * 4; ++t) prompt.push_back(1000 + t * 7);
-  KVO_ASSIGN_OR_RETURN(std::vector<std::string> digests, HashBlocks(prompt, ho));
-  std::vector<BlockHash> hashes;
-  for (const std::string& d : digests) hashes.push_back(BlockHash::Uint(WireHash(d)));
-  std::printf("# block hashes (sha256_cbor, seed \"0\", block_size 16) of a 64-token prompt:");
-  for (const BlockHash& h : hashes) std::printf(" %s", h.ToString().c_str());
-  std::printf("\n");
+Result<std::string> SelfPath() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return Status::IOError("cannot read /proc/self/exe (the kvo binary's path)");
+  return std::string(buf, static_cast<size_t>(n));
+}
 
-  // 2. A journaled publisher with a ring of only 4 batches, so a late subscriber needs the journal.
-  KvEventsConfig config;
-  config.enable_kv_cache_events = true;
-  config.publisher = "zmq";
-  config.endpoint = "ipc://" + dir + "/kv-events";
-  config.replay_endpoint = "ipc://" + dir + "/kv-replay";
-  config.topic = "kv-events";
-  config.buffer_steps = 4;
-  config.journal_dir = dir + "/journal";
-  KVO_ASSIGN_OR_RETURN(auto publisher, CreateEventPublisher(config, 0));
-  std::printf("# publisher: %s (replay %s, journal %s)\n", config.endpoint.c_str(),
-              config.replay_endpoint->c_str(), config.journal_dir->c_str());
-
-  double ts = 1700000000.0;
-  auto step = [&](int i) {
-    EventBatch b{ts + i, {}, std::nullopt};
-    BlockStored gpu;
-    size_t k = static_cast<size_t>(i) % hashes.size();
-    gpu.block_hashes = {hashes[k]};
-    if (k > 0) gpu.parent_block_hash = hashes[k - 1];
-    gpu.token_ids.assign(prompt.begin() + 16 * k, prompt.begin() + 16 * (k + 1));
-    gpu.block_size = 16;
-    gpu.medium = kMediumGpu;
-    gpu.extra_keys = std::vector<Value>(1);
-    gpu.group_idx = 0;
-    gpu.kv_cache_spec_kind = "full_attention";
-    b.events.push_back(gpu);
-    if (i % 3 == 1) {  // the block was offloaded to CPU (placeholder event, as vLLM's default)
-      BlockStored cpu;
-      cpu.block_hashes = {hashes[k]};
-      cpu.medium = kMediumCpu;
-      cpu.group_idx = 0;
-      b.events.push_back(cpu);
+// The run's directory: --workdir (created; must hold no earlier run) or a new temp dir.
+Result<std::string> MakeWorkdir(const std::string& wanted) {
+  std::error_code ec;
+  if (!wanted.empty()) {
+    std::filesystem::create_directories(wanted, ec);
+    if (ec) return Status::InvalidArgument("--workdir " + wanted + ": " + ec.message());
+    if (!std::filesystem::is_empty(wanted, ec)) {
+      return Status::InvalidArgument("--workdir " + wanted +
+                                     " is not empty: every run starts from fresh state; choose "
+                                     "a new or empty directory");
     }
-    if (i % 4 == 3) {  // GPU memory filled: an eviction
-      BlockRemoved r;
-      r.block_hashes = {hashes[k]};
-      r.medium = kMediumGpu;
-      r.group_idx = 0;
-      r.reason = "evicted";
-      b.events.push_back(r);
+    return std::filesystem::absolute(wanted).string();
+  }
+  // $TMPDIR when set; else /dev/shm when usable (tmpfs: the engines' file tiers write and delete
+  // thousands of block files, and on this machine's disk (online discard) deleting them took
+  // 25-45 s at times); else /tmp.
+  const char* env = std::getenv("TMPDIR");
+  std::string base = env != nullptr && *env != '\0' ? env : "";
+  if (base.empty()) {
+    base = std::filesystem::is_directory("/dev/shm", ec) && ::access("/dev/shm", W_OK | X_OK) == 0
+               ? "/dev/shm"
+               : "/tmp";
+  }
+  std::string tmpl = base + "/kvo-demo-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return Status::IOError("cannot create a temp dir " + tmpl + ": " + std::strerror(errno));
+  }
+  return tmpl;
+}
+
+int RunProcessDemo(DemoArgs& a) {
+  if (Status s = Supervisor::InstallSignalHandlers(); !s.ok()) {
+    Fail(s);
+    return 1;
+  }
+  auto self = SelfPath();
+  if (!self.ok()) {
+    Fail(self.status());
+    return 1;
+  }
+  auto dir = MakeWorkdir(a.workdir);
+  if (!dir.ok()) {
+    Fail(dir.status());
+    return 2;
+  }
+  a.options.kvo_binary = *self;
+  a.options.workdir = *dir;
+  if (!a.policies.empty()) a.options.policies = a.policies;
+  a.options.progress = stderr;
+  std::fprintf(stderr, "kvo demo: working files and logs under %s\n", dir->c_str());
+  auto report = demo::RunDemo(a.options);
+  if (!report.ok()) {
+    std::fprintf(stderr, "kvo demo: %s\nkvo demo: logs kept in %s\n",
+                 report.status().ToString().c_str(), dir->c_str());
+    const int sig = Supervisor::TerminationSignal();
+    return sig != 0 ? 128 + sig : 1;
+  }
+  if (a.json) {
+    std::printf("%s\n", demo::RenderJson(*report)
+                            .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)
+                            .c_str());
+  } else {
+    std::printf("%s", demo::RenderText(*report).c_str());
+  }
+  std::fflush(stdout);
+  if (!a.svg.empty()) {
+    std::ofstream f(a.svg, std::ios::trunc);
+    f << demo::RenderSvg(*report);
+    if (!f.good()) {
+      Fail(Status::IOError("--svg " + a.svg + ": cannot write"));
+      return 1;
     }
-    if (i == batches - 1) b.events.push_back(AllBlocksCleared{});
-    return b;
-  };
-
-  int early = batches / 2;
-  for (int i = 0; i < early; ++i) KVO_RETURN_IF_ERROR(publisher->Publish(step(i)));
-  publisher->Flush();
-  std::printf("# published %d batches before any subscriber existed\n", early);
-
-  // 3. A late subscriber: replay from seq 0 (journal beyond the 4-batch ring), then live.
-  SubscriberOptions so;
-  so.endpoint = config.endpoint;
-  so.replay_endpoint = config.replay_endpoint;
-  so.topic = config.topic;
-  so.start_seq = 0;
-  KVO_ASSIGN_OR_RETURN(auto subscriber, Subscriber::Create(so));
-  int received = 0, replayed = 0;
-  auto drain = [&](int upto) -> Status {
-    while (received < upto) {
-      KVO_ASSIGN_OR_RETURN(auto next, subscriber->Next(std::chrono::seconds(10)));
-      if (!next) return Status::Unavailable("no batch within 10 s");
-      if (next->seq != static_cast<uint64_t>(received)) {
-        return Status::Internal("out of order: got seq " + std::to_string(next->seq));
-      }
-      replayed += next->replayed;
-      std::string line = json ? BatchToJson(next->batch, next->seq, next->topic)
-                              : BatchToText(next->batch, next->seq);
-      const char* tag = next->replayed ? "[replay] " : "[live]   ";
-      for (size_t pos = 0; (pos = line.find('\n', pos)) != std::string::npos; pos += 10) {
-        line.replace(pos, 1, "\n         ");
-      }
-      std::printf("%s%s\n", tag, line.c_str());
-      ++received;
-    }
-    return Status::Ok();
-  };
-  KVO_RETURN_IF_ERROR(drain(early));
-  for (int i = early; i < batches; ++i) KVO_RETURN_IF_ERROR(publisher->Publish(step(i)));
-  KVO_RETURN_IF_ERROR(drain(batches));
-
-  PublisherStats ps = publisher->stats();
-  SubscriberStats ss = subscriber->stats();
-  publisher->Shutdown();
-  std::printf(
-      "# summary: published %llu batches (%llu block events); subscriber received %d in order, "
-      "%d by replay (%llu served from the journal), %llu lost\n",
-      static_cast<unsigned long long>(ps.batches_published),
-      static_cast<unsigned long long>(ps.block_events_published), received, replayed,
-      static_cast<unsigned long long>(ps.replay_from_journal),
-      static_cast<unsigned long long>(ss.batches_lost));
-  if (ss.batches_lost != 0 || received != batches) return Status::Internal("demo lost batches");
-  return RunPipelineDemo(dir);
+    std::fprintf(stderr, "kvo demo: wrote %s\n", a.svg.c_str());
+  }
+  const bool good = report->mismatches() == 0 && report->consistent();
+  if (good && !a.keep && a.workdir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(*dir, ec);
+  } else {
+    std::fprintf(stderr, "kvo demo: files kept in %s\n", dir->c_str());
+  }
+  return good ? 0 : 1;
 }
 
 }  // namespace
@@ -134,16 +123,64 @@ Status RunDemo(int batches, bool json) {
 void AddDemoCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "demo",
-      "The KV-event bus, then the whole pipeline: offload tiers, events, indexer, router query");
-  auto batches = std::make_shared<int>(12);
-  auto json = std::make_shared<bool>(false);
-  cmd->add_option("--batches", *batches, "how many batches to publish")
+      "Run the deployment as processes: kvo index serve, N x kvo sim, kvo route, then kvo load "
+      "once per routing policy (kv, then round-robin, fresh state each); print the report and "
+      "the consistency verdict (--tour: the earlier one-process tour)");
+  auto a = std::make_shared<DemoArgs>();
+  cmd->add_flag("--tour", a->tour,
+                "the one-process tour instead: event bus (replay, journal), then the pipeline");
+  cmd->add_option("--batches", a->batches, "--tour: how many batches to publish")
       ->capture_default_str()
       ->check(CLI::Range(2, 1000000));
-  cmd->add_flag("--json", *json, "print batches in the JSON form of `kvo events tail --json`");
-  cmd->callback([batches, json] {
-    Status s = RunDemo(*batches, *json);
-    if (!s.ok()) Fail(s);
+  cmd->add_flag("--json", a->json,
+                "print the report as one JSON object (with --tour: batches as JSON)");
+  cmd->add_option("--instances", a->options.instances, "engines (kvo sim processes)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  cmd->add_option("--workdir", a->workdir,
+                  "working files and logs here (new or empty; default: a temp dir, removed after "
+                  "a good run)");
+  cmd->add_flag("--keep", a->keep, "keep the temp dir after a good run");
+  cmd->add_option("--svg", a->svg, "also draw TTFT distributions and hit rate per tier to FILE");
+  cmd->add_option("--trace", a->options.trace,
+                  "replay this Mooncake JSONL trace instead of the synthetic workload")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--max-requests", a->options.max_requests, "stop the workload after N requests")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--speedup", a->options.speedup, "replay the trace's arrival times X faster")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--conversations", a->options.conversations, "synthetic workload: conversations")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--turns", a->options.turns, "synthetic workload: turns per conversation")
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--seed", a->options.seed, "workload and engine seed")->capture_default_str();
+  cmd->add_option(
+         "--gpu-blocks", a->options.gpu_blocks,
+         "each engine's GPU prefix cache, in blocks (kvo sim --gpu-blocks; 0: its default)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--cpu-blocks", a->options.cpu_blocks,
+                  "each engine's CPU tier, in blocks (kvo sim --cpu-blocks; 0: its default)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--load-penalty", a->options.load_penalty,
+                  "kvo route --load-penalty: blocks of prefix one request in flight costs "
+                  "(negative: the router's default)")
+      ->capture_default_str();
+  cmd->add_option("--policy", a->policies,
+                  "routing policies to run, in order (repeatable; default kv, round-robin)")
+      ->check(CLI::IsMember({"kv", "round-robin", "random", "least-loaded"}));
+  cmd->add_option("--sim-arg", a->options.sim_args,
+                  "extra argument for every kvo sim (repeatable), e.g. --sim-arg=--gpu-blocks=64");
+  cmd->add_option("--route-arg", a->options.route_args, "extra argument for kvo route");
+  cmd->add_option("--load-arg", a->options.load_args, "extra argument for kvo load");
+  cmd->callback([a] {
+    if (a->tour) {
+      Status s = RunTour(a->batches, a->json);
+      if (!s.ok()) Fail(s);
+      return;
+    }
+    SetExitCode(RunProcessDemo(*a));
   });
 }
 

@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   kvo::cli::AddManagerCommand(app);
   kvo::cli::AddFsCommand(app);
   kvo::cli::AddIndexCommands(app);
+  kvo::cli::AddRouteCommand(app);
+  kvo::cli::AddSimCommand(app);
+  kvo::cli::AddLoadCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return kvo::cli::g_exit_code;

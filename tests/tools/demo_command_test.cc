@@ -1,10 +1,11 @@
-// `kvo demo` (the README's main job) runs end to end: the bus tour loses nothing, and the
+// `kvo demo --tour` (the one-process tour) runs end to end: the bus tour loses nothing, and the
 // pipeline part serves both engines with every loaded block verified, the indexer's hash parity
 // ok for both sources, the router's answer naming the engine that holds the conversation, and
 // the restarted manager's CPU blocks gone from that answer. Runs the real binary.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "tests/testing/child_process.h"
 
@@ -16,7 +17,7 @@ bool Has(const std::string& out, const std::string& what) {
 }
 
 TEST(DemoCommandTest, RunsThePipelineEndToEnd) {
-  const testing::CommandResult r = testing::RunCommand({KVO_BINARY, "demo"});
+  const testing::CommandResult r = testing::RunCommand({KVO_BINARY, "demo", "--tour"});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_TRUE(Has(r.out, "0 lost")) << r.out;
   for (const char* engine : {"engine-a", "engine-b"}) {
@@ -52,14 +53,17 @@ TEST(DemoCommandTest, RunsThePipelineEndToEnd) {
 }
 
 // Issue 10 item 12: with an unusable $TMPDIR the demo said "cannot create a temp dir", naming
-// neither the path nor the reason.
+// neither the path nor the reason. Both the tour and the process demo.
 TEST(DemoCommandTest, UnusableTmpdirIsNamedWithTheReason) {
   const std::string bad = "/proc/version";  // a file, not a directory: ENOTDIR
-  const testing::CommandResult r =
-      testing::RunCommand({"/usr/bin/env", "TMPDIR=" + bad, KVO_BINARY, "demo"});
-  EXPECT_NE(r.code, 0);
-  EXPECT_TRUE(Has(r.err, bad + "/kvo-demo-")) << r.err;
-  EXPECT_TRUE(Has(r.err, "Not a directory")) << r.err;
+  for (bool tour : {true, false}) {
+    std::vector<std::string> argv = {"/usr/bin/env", "TMPDIR=" + bad, KVO_BINARY, "demo"};
+    if (tour) argv.push_back("--tour");
+    const testing::CommandResult r = testing::RunCommand(argv);
+    EXPECT_NE(r.code, 0);
+    EXPECT_TRUE(Has(r.err, bad + "/kvo-demo-")) << r.err;
+    EXPECT_TRUE(Has(r.err, "Not a directory")) << r.err;
+  }
 }
 
 }  // namespace

@@ -36,7 +36,7 @@
 #include "events/event_fold.h"
 #include "events/event_json.h"
 #include "events/zmq_publisher.h"
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
 

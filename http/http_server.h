@@ -1,5 +1,6 @@
-// A small HTTP/1.1 server for the indexer's API behind a seam of plain structs, so the rest of the
-// indexer never sees the HTTP library's types or exceptions (they stop in http_server.cc).
+// A small HTTP/1.1 server and client (kvo_http: the indexer's API, `kvo sim`, `kvo route`, `kvo
+// load`) behind a seam of plain structs, so the rest of kvo never sees the HTTP libraries' types or
+// exceptions (they stop in http_server.cc).
 //
 // Model (Boost.Beast on Boost.Asio, indexer/DESIGN.md "HTTP server"): one I/O thread accepts and
 // reads every connection asynchronously, so a slow or idle client holds a socket, never a thread.
@@ -10,6 +11,13 @@
 // bounded per request (`max_body_bytes`, chunked or not) and together (`max_body_bytes_in_flight`);
 // connections are bounded (`max_connections`). Every refusal is a JSON {"error"} body.
 //
+// Streaming (http/DESIGN.md): a handler may answer with `HttpResponse::stream` set; the header goes
+// out with `Transfer-Encoding: chunked` and the producer then runs on the same worker, writing
+// body chunks one by one (e.g. Server-Sent Events, `text/event-stream`). Each chunk is written
+// under `write_timeout_ms`; a write returns false once the client is gone or the server stops,
+// and the producer should then return. A streaming response holds its worker until it ends:
+// size `worker_threads` for the streams served at once.
+//
 // Threading: handlers run on the workers, concurrently, and must be thread-safe. Stop() is
 // idempotent: it closes every connection, waits for running handlers and joins every thread.
 #pragma once
@@ -18,10 +26,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
-#include "indexer/sources_config.h"
+#include "http/address.h"
 
 namespace kvo {
 
@@ -31,10 +41,29 @@ struct HttpRequest {
   std::string body;    // whatever its Content-Type (curl -d sends form-encoded JSON)
 };
 
+// Writes one chunk of a streamed body (empty: nothing written). False once the client is gone, a
+// write timed out or the server is stopping: the producer should stop.
+using ChunkWriter = std::function<bool(std::string_view)>;
+
 struct HttpResponse {
+  HttpResponse() = default;
+  HttpResponse(int s, std::string type, std::string b)
+      : status(s), content_type(std::move(type)), body(std::move(b)) {}
+
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  // Set: the body is streamed (chunked) by this producer, on the worker, and `body` is ignored.
+  std::function<void(const ChunkWriter&)> stream;
+
+  // An SSE stream: content type text/event-stream.
+  static HttpResponse Stream(std::function<void(const ChunkWriter&)> producer,
+                             std::string content_type = "text/event-stream") {
+    HttpResponse r;
+    r.content_type = std::move(content_type);
+    r.stream = std::move(producer);
+    return r;
+  }
 };
 
 struct HttpServerOptions {
@@ -83,5 +112,18 @@ struct HttpClientResult {
 };
 Result<HttpClientResult> HttpCall(const HttpAddress& address, const std::string& method,
                                   const std::string& path, const std::string& body, int timeout_ms);
+
+// As HttpCall, but the body is handed to `on_chunk` as it arrives (whatever the status; the
+// result's `body` stays empty), so a caller can time the first byte of a streamed answer.
+// `on_chunk` returning false ends the call (Cancelled). `timeout_ms` bounds the connection and
+// each read, not the whole stream.
+using ChunkReceiver = std::function<bool(std::string_view)>;
+Result<HttpClientResult> HttpStreamCall(const HttpAddress& address, const std::string& method,
+                                        const std::string& path, const std::string& body,
+                                        int timeout_ms, const ChunkReceiver& on_chunk);
+
+// "http://HOST:PORT[/...]" or "HOST:PORT" -> the address (path ignored). InvalidArgument naming
+// the text.
+Result<HttpAddress> ParseHttpUrl(std::string_view url);
 
 }  // namespace kvo

@@ -1,7 +1,7 @@
 // The HTTP server in-process (issue 10 items 2, 6, 8): slow, idle and excess connections and slow
 // handlers do not delay /healthz; body limits hold for chunked bodies; a body is delivered
 // whatever its Content-Type; every refusal is a JSON {"error"}.
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 
 #include <gtest/gtest.h>
 

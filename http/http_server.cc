@@ -1,5 +1,5 @@
 // Boost.Beast server and cpp-httplib client adapter: their types and exceptions stop in this file.
-#include "indexer/http_server.h"
+#include "http/http_server.h"
 
 #include <httplib.h>
 
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <future>
 #include <optional>
@@ -209,11 +210,68 @@ class Session : public std::enable_shared_from_this<Session> {
       r.body = std::string();  // the body's memory goes before its claim does
       self->body_bytes_.Release();
       self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+      if (out.stream) return self->StreamOnWorker(std::move(out), keep_alive);
       asio::post(self->stream_.get_executor(), [self, out = std::move(out), keep_alive]() mutable {
         self->Respond(std::move(out), keep_alive);
       });
     };
     (priority ? srv_->priority : srv_->workers)->Schedule(std::move(task));
+  }
+
+  // On a worker: writes the header, runs the producer (each chunk a blocking write through the
+  // I/O thread), the last chunk, then goes back to reading (or closes) on the I/O thread.
+  void StreamOnWorker(HttpResponse out, bool keep_alive) {
+    keep_alive = keep_alive && !srv_->stopping.load();
+    const auto status = static_cast<http::status>(out.status);
+    std::string head = "HTTP/1.1 " + std::to_string(out.status) + " " +
+                       std::string(http::obsolete_reason(status)) +
+                       "\r\nContent-Type: " + out.content_type +
+                       "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\nConnection: " +
+                       (keep_alive ? "keep-alive" : "close") + "\r\n\r\n";
+    bool ok = WriteBlocking(std::move(head));
+    ChunkWriter writer = [this, &ok](std::string_view data) {
+      if (!ok || srv_->stopping.load()) return ok = false;
+      if (data.empty()) return true;
+      char size[20];
+      auto [end, ec] = std::to_chars(size, size + sizeof size, data.size(), 16);
+      std::string chunk(size, end);
+      chunk.reserve(chunk.size() + data.size() + 4);
+      chunk += "\r\n";
+      chunk += data;
+      chunk += "\r\n";
+      return ok = WriteBlocking(std::move(chunk));
+    };
+    try {
+      out.stream(writer);
+    } catch (const std::exception& e) {
+      // The status is sent: all that is left is to end the connection without the last chunk.
+      KVO_LOG_ERROR("http stream: {}", e.what());
+      ok = false;
+    }
+    if (ok) ok = WriteBlocking("0\r\n\r\n");
+    asio::post(stream_.get_executor(), [self = shared_from_this(), ok, keep_alive] {
+      if (!ok || !keep_alive || self->srv_->stopping.load()) return self->Close();
+      self->ReadHeader(self->opt().keep_alive_timeout_ms);
+    });
+  }
+
+  // From a worker: one write on the I/O thread, waited for. False on any error or timeout.
+  bool WriteBlocking(std::string data) {
+    auto done = std::make_shared<std::promise<bool>>();
+    auto result = done->get_future();
+    auto buf = std::make_shared<std::string>(std::move(data));
+    asio::post(stream_.get_executor(), [self = shared_from_this(), buf, done] {
+      self->stream_.expires_after(std::chrono::milliseconds(self->opt().write_timeout_ms));
+      asio::async_write(self->stream_, asio::buffer(*buf),
+                        [buf, done](beast::error_code ec, size_t) { done->set_value(!ec); });
+    });
+    // The I/O thread runs until the workers are joined (Stop), so the write completes or times
+    // out; the margin only guards against a stalled I/O thread.
+    if (result.wait_for(std::chrono::milliseconds(opt().write_timeout_ms) +
+                        std::chrono::seconds(5)) != std::future_status::ready) {
+      return false;
+    }
+    return result.get();
   }
 
   static HttpResponse Error(int status, const std::string& message) {
@@ -433,6 +491,78 @@ Result<HttpClientResult> HttpCall(const HttpAddress& address, const std::string&
   } catch (const std::exception& e) {
     return Status::Unavailable("HTTP " + method + " " + path + ": " + e.what());
   }
+}
+
+Result<HttpClientResult> HttpStreamCall(const HttpAddress& address, const std::string& method,
+                                        const std::string& path, const std::string& body,
+                                        int timeout_ms, const ChunkReceiver& on_chunk) {
+  const std::string where =
+      "HTTP " + method + " http://" + address.host + ":" + std::to_string(address.port) + path;
+  if (method != "GET" && method != "POST") {
+    return Status::InvalidArgument("HttpStreamCall: unsupported method '" + method + "'");
+  }
+  try {
+    httplib::Client client(address.host, address.port);
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    client.set_connection_timeout(timeout);
+    client.set_read_timeout(timeout);
+    client.set_write_timeout(timeout);
+    httplib::Request req;
+    req.method = method;
+    req.path = path;
+    if (method == "POST") {
+      req.body = body;
+      req.headers.emplace("Content-Type", "application/json");
+    }
+    bool stopped = false;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (on_chunk(std::string_view(data, n))) return true;
+      stopped = true;
+      return false;
+    };
+    httplib::Result res = client.send(req);
+    if (stopped) return Status::Cancelled(where + ": stopped by the receiver");
+    if (!res) return Status::Unavailable(where + ": " + httplib::to_string(res.error()));
+    return HttpClientResult{res->status, {}};
+  } catch (const std::exception& e) {
+    return Status::Unavailable(where + ": " + e.what());
+  }
+}
+
+Result<HttpAddress> ParseHttpUrl(std::string_view url) {
+  std::string_view rest = url;
+  if (rest.starts_with("http://")) rest.remove_prefix(7);
+  if (rest.starts_with("https://")) {
+    return Status::InvalidArgument("URL '" + std::string(url) + "': https is not supported");
+  }
+  rest = rest.substr(0, rest.find('/'));
+  auto bad = [&](const char* why) {
+    return Status::InvalidArgument("URL '" + std::string(url.substr(0, 200)) + "': " + why +
+                                   " (expected http://HOST:PORT)");
+  };
+  HttpAddress a;
+  std::string_view port_text;
+  if (rest.starts_with("[")) {
+    size_t close = rest.find(']');
+    if (close == std::string_view::npos || close + 1 >= rest.size() || rest[close + 1] != ':') {
+      return bad("bad IPv6 form");
+    }
+    a.host = std::string(rest.substr(1, close - 1));
+    port_text = rest.substr(close + 2);
+  } else {
+    size_t colon = rest.rfind(':');
+    if (colon == std::string_view::npos) return bad("no port");
+    a.host = std::string(rest.substr(0, colon));
+    port_text = rest.substr(colon + 1);
+  }
+  if (a.host.empty()) return bad("no host");
+  int port = -1;
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || port < 1 || port > 65535) {
+    return bad("port must be 1-65535");
+  }
+  a.port = port;
+  return a;
 }
 
 }  // namespace kvo
