@@ -51,11 +51,6 @@ struct SourceStream {
   std::optional<std::string> replay_endpoint;
 };
 
-struct HttpAddress {
-  std::string host;
-  int port = 0;
-};
-
 // A vLLM API server polled for its engines' KV-event endpoints (`--discover`, config "discover"):
 // GET /kv_event_sources every discover_interval_ms; each data-parallel rank it reports becomes a
 // registration "<instance_id>|<tenant_id>|<rank>" (as POST /register would make it).
