@@ -16,7 +16,7 @@ struct BenchResult {
   double value = 0;           // the figure
   std::string baseline_name;  // what the baseline is
   double baseline = 0;        // the baseline figure, same unit, same run
-  double target = 0;          // target from DESIGN.md §5 in the same unit (0: none)
+  double target = 0;          // target from ARCHITECTURE.md §5 in the same unit (0: none)
   std::string notes;
 };
 

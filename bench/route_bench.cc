@@ -1,5 +1,6 @@
 // kvo bench route: the latency `kvo route` adds to a request over loopback, against a direct
-// request to the same engine in the same run (DESIGN.md §5: added p99 < 1 ms, kv policy included).
+// request to the same engine in the same run (ARCHITECTURE.md §5: added p99 < 1 ms, kv policy
+// included).
 //
 // Real sockets, in one process: two engines (HttpServer answering a fixed completion at once, so
 // the figure is the router's cost, not an engine's), a real IndexerService whose index holds the

@@ -38,7 +38,7 @@ class SequentialFile {
 };
 
 struct FileOptions {
-  // Permission bits for newly created files / directories (DESIGN.md §6: 0600 / 0700).
+  // Permission bits for newly created files / directories (ARCHITECTURE.md §6: 0600 / 0700).
   uint32_t file_mode = 0600;
   uint32_t dir_mode = 0700;
 };

@@ -1,4 +1,4 @@
-// `kvo demo`: the deployment of ../shared/DESIGN.md §1–2 as real processes on loopback — a kvo
+// `kvo demo`: the deployment of docs/ARCHITECTURE.md §1–2 as real processes on loopback — a kvo
 // indexer, N simulated vLLM engines (`kvo sim`) and a router (`kvo route`) — driven by `kvo load`
 // once per routing policy, each time with fresh state (new directory, new processes). After each
 // run quiesces, the indexer's view of every engine is compared with the engine's own state, medium

@@ -1,4 +1,4 @@
-// The Mooncake/Dynamo indexer HTTP API (RFC #1403, ../shared/reference/router-apis.md) as pure
+// The Mooncake/Dynamo indexer HTTP API (RFC #1403, docs/router-api.md §1-2) as pure
 // functions: parsing /register, /unregister, /query and /query_by_hash bodies, the tiered match
 // of one stream, and rendering the answers. No sockets, no state; thread-safe. The service
 // (service.cc) owns the registrations and the subscriptions.

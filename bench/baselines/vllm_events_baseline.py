@@ -8,8 +8,8 @@ Modes (each prints one JSON object):
                                        seq counter, encode, 3-frame send, replay deque) feeding a
                                        SUB that decodes each batch, over ipc; batches/s end to end
 
-msgspec is not packaged by Debian; msgpack-python's C extension stands in for it (perf-anchors
-§3.3 measured this emulation at 24-57 k batches/s on a machine like ours).
+msgspec is not packaged by Debian; msgpack-python's C extension stands in for it
+(docs/ARCHITECTURE.md §5.1: this emulation measured 24-57 k batches/s on a machine like ours).
 """
 import json
 import os

@@ -24,12 +24,12 @@
 
 namespace kvo_fuzz {
 
-// DESIGN.md §6: error messages never echo unbounded input. Whatever the input, a message a parser
-// returns (or logs as a warning) stays under this many bytes.
+// ARCHITECTURE.md §6: error messages never echo unbounded input. Whatever the input, a message a
+// parser returns (or logs as a warning) stays under this many bytes.
 inline constexpr size_t kMaxMessageBytes = 1024;
 
-// Every message is bounded whatever the input (DESIGN.md §6); tests/fuzz/regressions/ holds the
-// inputs that once broke the bound or the stack (10^5-deep JSON, long keys and values).
+// Every message is bounded whatever the input (ARCHITECTURE.md §6); tests/fuzz/regressions/ holds
+// the inputs that once broke the bound or the stack (10^5-deep JSON, long keys and values).
 inline size_t MessageLimit() { return kMaxMessageBytes; }
 
 // The first bytes of `s`, printable, for check messages.

@@ -84,7 +84,8 @@ TEST(HttpApiTest, RejectsBadRequestsNamingTheProblem) {
 }
 
 // Found by tests/fuzz/http_api_fuzz: an unknown key, medium or source name, or a long token in
-// invalid JSON, was echoed whole into the 400 body (DESIGN.md §6: never echo unbounded input).
+// invalid JSON, was echoed whole into the 400 body (ARCHITECTURE.md §6: never echo unbounded
+// input).
 TEST(HttpApiTest, ErrorMessagesDoNotEchoLongInput) {
   const std::set<std::string, std::less<>> sources = {"a"};
   const std::string big(5000, 'x');

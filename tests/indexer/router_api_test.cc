@@ -1,4 +1,4 @@
-// The Mooncake/Dynamo indexer API (router-apis.md §1-2) on the daemon: the reference's exact
+// The Mooncake/Dynamo indexer API (router-api.md §1-2) on the daemon: the reference's exact
 // request bodies, exact response shapes, the tiered match, scoping, durable registrations across a
 // restart of the indexer, unregister, and bad input. Real publishers (kvo's, journaled, over
 // loopback TCP), a real SQLite file; synchronisation by polling with a deadline.
