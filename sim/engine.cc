@@ -1,6 +1,7 @@
 #include "sim/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -72,6 +73,40 @@ void FillLayer(uint64_t wire, int layer, uint8_t* p, uint64_t bytes) {
   for (; i < bytes; ++i) p[i] = static_cast<uint8_t>(x >> (8 * (i & 7)));
 }
 
+namespace {
+
+// Forwards to the real publisher and counts what it publishes in the indexer's unit: block
+// hashes (BlockStored / BlockRemoved) plus one per AllBlocksCleared, whoever publishes (the GPU
+// cache here or the offload manager), so "published" and "indexed" compare one to one.
+class CountingPublisher final : public EventPublisher {
+ public:
+  explicit CountingPublisher(std::unique_ptr<EventPublisher> inner) : inner_(std::move(inner)) {}
+  Status Publish(EventBatch batch) override {
+    uint64_t n = 0;
+    for (const KvEvent& e : batch.events) {
+      if (auto* st = std::get_if<BlockStored>(&e)) n += st->block_hashes.size();
+      if (auto* r = std::get_if<BlockRemoved>(&e)) n += r->block_hashes.size();
+      if (std::holds_alternative<AllBlocksCleared>(e)) ++n;
+    }
+    Status status = inner_->Publish(std::move(batch));
+    if (status.ok()) published_.fetch_add(n, std::memory_order_relaxed);
+    return status;
+  }
+  void Flush() override { inner_->Flush(); }
+  void Shutdown() override { inner_->Shutdown(); }
+  std::optional<KvEventsConfig> publisher_config() const override {
+    return inner_->publisher_config();
+  }
+  PublisherStats stats() const override { return inner_->stats(); }
+  uint64_t block_events_published() const { return published_.load(std::memory_order_relaxed); }
+
+ private:
+  std::unique_ptr<EventPublisher> inner_;
+  std::atomic<uint64_t> published_{0};
+};
+
+}  // namespace
+
 struct SimEngine::Impl {
   SimEngineOptions opt;
   uint64_t block_bytes = 0;
@@ -83,7 +118,7 @@ struct SimEngine::Impl {
   std::vector<uint8_t> gpu_mem;
   std::vector<uint8_t> scratch;  // one block's expected bytes
   std::unique_ptr<Journal> journal;
-  std::unique_ptr<EventPublisher> publisher;
+  std::unique_ptr<CountingPublisher> publisher;
   std::unique_ptr<OffloadManager> manager;
   MetricsRegistry metrics;
   std::unique_ptr<OffloadMetricsExporter> exporter;
@@ -221,14 +256,7 @@ struct SimEngine::Impl {
   }
 
   Status Publish(EventBatch batch) {
-    size_t n = 0;
-    for (const KvEvent& e : batch.events) {
-      if (auto* s = std::get_if<BlockStored>(&e)) n += s->block_hashes.size();
-      if (auto* r = std::get_if<BlockRemoved>(&e)) n += r->block_hashes.size();
-      if (std::holds_alternative<AllBlocksCleared>(e)) ++n;
-    }
     if (batch.events.empty()) return Status::Ok();
-    counters.events_published += n;
     return publisher->Publish(std::move(batch));
   }
 
@@ -450,7 +478,9 @@ Result<std::unique_ptr<SimEngine>> SimEngine::Open(const SimEngineOptions& optio
   KVO_ASSIGN_OR_RETURN(e.journal, Journal::Open(jo));
   PublisherOptions po;
   po.journal = e.journal.get();
-  KVO_ASSIGN_OR_RETURN(e.publisher, CreateEventPublisher(options.events, 0, po));
+  KVO_ASSIGN_OR_RETURN(std::unique_ptr<EventPublisher> zmq,
+                       CreateEventPublisher(options.events, 0, po));
+  e.publisher = std::make_unique<CountingPublisher>(std::move(zmq));
   KVO_ASSIGN_OR_RETURN(e.manager, BuildOffloadManager(e.StackOptions()));
   OffloadMetricsOptions mo;
   mo.engine_labels = {{"engine", options.instance_id}};
@@ -496,8 +526,7 @@ EngineCounters SimEngine::Counters() {
   MutexLock lock(&impl_->mu);
   EngineCounters c = impl_->counters;
   c.gpu_blocks_used = impl_->gpu.size();
-  const ManagerStats s = impl_->manager->GetStats();
-  c.events_published += s.events_published;
+  c.events_published = impl_->publisher->block_events_published();
   return c;
 }
 

@@ -58,7 +58,7 @@ struct EngineCounters {
   uint64_t bytes_stored[kNumMedia] = {};
   double load_seconds = 0, store_seconds = 0;
   uint64_t blocks_verified = 0, mismatches = 0;
-  uint64_t events_published = 0;  // block events handed to the publisher
+  uint64_t events_published = 0;  // block hashes (+1 per clear) published, GPU and offload events
   uint64_t gpu_blocks_used = 0, gpu_blocks_total = 0;
   uint64_t resets = 0;
 };
