@@ -79,6 +79,8 @@ TEST(DemoTest, ShortDemoJsonVerdict) {
     EXPECT_EQ((*p)["errors"], 0);
     EXPECT_GT((*p)["blocks_verified"].get<int64_t>(), 0) << "hits were verified byte for byte";
     EXPECT_GT((*p)["events_indexed"].get<int64_t>(), 0);
+    // Every block event the engines published reached the index (same unit on both sides).
+    EXPECT_EQ((*p)["events_indexed"], (*p)["events_published"]) << r.out;
     EXPECT_EQ((*p)["checks"].size(), 2u * 3u) << "2 instances x GPU, CPU, DISK";
   }
   EXPECT_GT(kv["hit_rate"].get<double>(), rr["hit_rate"].get<double>()) << r.out;
