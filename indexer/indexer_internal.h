@@ -21,7 +21,7 @@
 
 #include "common/mutex.h"
 #include "indexer/indexer.h"
-#include "indexer/memory_index.h"
+#include "indexer/internal/memory_index.h"
 
 namespace kvo {
 namespace indexer_internal {
