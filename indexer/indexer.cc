@@ -31,12 +31,10 @@ using indexer_internal::kClearAll;
 using indexer_internal::kRemove;
 using indexer_internal::kStore;
 using indexer_internal::LogRow;
-using indexer_internal::ReaderLock;
 using indexer_internal::ResidencyKey;
 using indexer_internal::StepDone;
 using indexer_internal::Stmt;
 using indexer_internal::StreamState;
-using indexer_internal::WriterLock;
 
 namespace {
 

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -46,37 +45,6 @@ inline std::string ResidencyDisplay(const std::string& key) {
 }
 
 enum RowKind : int64_t { kStore = 1, kRemove = 2, kClearAll = 3 };
-
-// An annotated reader/writer lock (common/mutex.h has only the exclusive kind).
-class CAPABILITY("mutex") SharedMutex {
- public:
-  void Lock() ACQUIRE() { mu_.lock(); }
-  void Unlock() RELEASE() { mu_.unlock(); }
-  void LockShared() KVO_THREAD_ANNOTATION_(acquire_shared_capability()) { mu_.lock_shared(); }
-  void UnlockShared() KVO_THREAD_ANNOTATION_(release_shared_capability()) { mu_.unlock_shared(); }
-
- private:
-  std::shared_mutex mu_;
-};
-class SCOPED_CAPABILITY WriterLock {
- public:
-  explicit WriterLock(SharedMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
-  ~WriterLock() RELEASE() { mu_->Unlock(); }
-
- private:
-  SharedMutex* const mu_;
-};
-class SCOPED_CAPABILITY ReaderLock {
- public:
-  explicit ReaderLock(SharedMutex* mu) KVO_THREAD_ANNOTATION_(acquire_shared_capability(mu))
-      : mu_(mu) {
-    mu_->LockShared();
-  }
-  ~ReaderLock() KVO_THREAD_ANNOTATION_(release_capability()) { mu_->UnlockShared(); }
-
- private:
-  SharedMutex* const mu_;
-};
 
 // ---- little-endian blobs ----
 inline void PutU64(std::string* out, uint64_t v) {
@@ -280,7 +248,7 @@ struct Indexer::Impl {
   // page_count * page_size after the last write (Stats never waits for the connection).
   std::atomic<int64_t> sqlite_bytes{0};
 
-  mutable indexer_internal::SharedMutex state_mu;
+  mutable SharedMutex state_mu;
   indexer_internal::MemoryIndex mem GUARDED_BY(state_mu);
   std::vector<std::string> source_names GUARDED_BY(state_mu);
   std::map<std::string, uint32_t, std::less<>> source_ids GUARDED_BY(state_mu);
@@ -348,7 +316,7 @@ struct Indexer::Impl {
       LOCKS_EXCLUDED(clear_mu, state_mu) {
     uint32_t sid;
     {
-      indexer_internal::ReaderLock l(&state_mu);
+      ReaderLock l(&state_mu);
       auto it = source_ids.find(source);
       if (it == source_ids.end()) return;
       sid = it->second;

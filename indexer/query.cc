@@ -16,7 +16,6 @@ using indexer_internal::kNoNode;
 using indexer_internal::MediumOfKey;
 using indexer_internal::MemoryIndex;
 using indexer_internal::OwnershipOfKey;
-using indexer_internal::ReaderLock;
 using indexer_internal::ResidencyDisplay;
 using indexer_internal::Stmt;
 
