@@ -15,7 +15,9 @@ function(kvo_target_warnings target)
   endif()
 endfunction()
 
-# kvo_library(NAME folder DEPS ...): a static library of every .cc in the folder.
+# kvo_library(NAME folder DEPS ...): a static library of every .cc in the folder. Its public headers
+# are the folder's headers except `*_internal.h` and those under `internal/`; another module including
+# one of those fails scripts/check_includes.sh (CI; the rule is written there).
 function(kvo_library name)
   cmake_parse_arguments(ARG "" "" "PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
   file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/*.cc)

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 #include "common/thread_annotations.h"
 
@@ -54,6 +55,37 @@ class CondVar {
  private:
   Mutex* const mu_;
   std::condition_variable cv_;
+};
+
+// An annotated reader/writer lock: writers take WriterLock, readers ReaderLock (shared).
+class CAPABILITY("mutex") SharedMutex {
+ public:
+  void Lock() ACQUIRE() { mu_.lock(); }
+  void Unlock() RELEASE() { mu_.unlock(); }
+  void LockShared() KVO_THREAD_ANNOTATION_(acquire_shared_capability()) { mu_.lock_shared(); }
+  void UnlockShared() KVO_THREAD_ANNOTATION_(release_shared_capability()) { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+class SCOPED_CAPABILITY WriterLock {
+ public:
+  explicit WriterLock(SharedMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~WriterLock() RELEASE() { mu_->Unlock(); }
+
+ private:
+  SharedMutex* const mu_;
+};
+class SCOPED_CAPABILITY ReaderLock {
+ public:
+  explicit ReaderLock(SharedMutex* mu) KVO_THREAD_ANNOTATION_(acquire_shared_capability(mu))
+      : mu_(mu) {
+    mu_->LockShared();
+  }
+  ~ReaderLock() KVO_THREAD_ANNOTATION_(release_capability()) { mu_->UnlockShared(); }
+
+ private:
+  SharedMutex* const mu_;
 };
 
 }  // namespace kvo

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "indexer/indexer.h"
-#include "indexer/memory_index.h"
+#include "indexer/internal/memory_index.h"
 #include "xxhash.h"
 
 namespace kvo {

@@ -1,4 +1,4 @@
-#include "indexer/memory_index.h"
+#include "indexer/internal/memory_index.h"
 
 #include <algorithm>
 #include <atomic>

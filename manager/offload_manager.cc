@@ -9,7 +9,7 @@
 #include "common/logging.h"
 #include "events/codec.h"
 #include "manager/metrics.h"
-#include "manager/offload_manager_impl.h"
+#include "manager/offload_manager_internal.h"
 
 namespace kvo {
 

@@ -11,7 +11,7 @@
 
 #include "common/logging.h"
 #include "manager/event_fold.h"
-#include "manager/offload_manager_impl.h"
+#include "manager/offload_manager_internal.h"
 
 namespace kvo {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "common/logging.h"
 #include "manager/metrics.h"
-#include "manager/offload_manager_impl.h"
+#include "manager/offload_manager_internal.h"
 
 namespace kvo {
 

@@ -22,7 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "events/event_fold.h"
-#include "indexer/memory_index.h"
+#include "indexer/internal/memory_index.h"
 #include "tests/testing/fault_report.h"
 #include "tests/testing/temp_dir.h"
 

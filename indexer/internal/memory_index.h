@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "indexer/flat_table.h"
+#include "indexer/internal/flat_table.h"
 
 namespace kvo::indexer_internal {
 

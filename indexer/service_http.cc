@@ -1,0 +1,440 @@
+// IndexerService: the HTTP routes (score, explain, sources, metrics, the Mooncake/Dynamo router
+// API: register, unregister, query, workers).
+#include "indexer/service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/json.h"
+#include "common/logging.h"
+#include "common/mutex.h"
+#include "events/zmq_subscriber.h"
+#include "indexer/discovery.h"
+#include "indexer/doctor.h"
+#include "indexer/instance_blocks.h"
+#include "indexer/router_api.h"
+#include "indexer/service_internal.h"
+
+namespace kvo {
+
+using service_internal::SourceState;
+using service_internal::StreamState;
+
+HttpResponse IndexerService::Impl::Score(const HttpRequest& r, bool explain) {
+  const int64_t start = clock->MonotonicNanos();
+  ScoreRequestLimits limits;
+  limits.max_query_tokens = config.max_query_tokens;
+  std::set<std::string, std::less<>> names;
+  {
+    MutexLock lock(&registry_mu);
+    names = source_names;
+  }
+  auto query = ParseScoreRequest(r.body, limits, names);
+  if (!query.ok()) {
+    score_bad->Increment();
+    return HttpResponse{400, "application/json", RenderError(query.status().message())};
+  }
+  // Score every stream the index knows and keep the asked-for (default: configured) sources,
+  // adding a zero entry for a configured stream that has published nothing yet: the index only
+  // knows streams it has seen, the router wants one answer per configured instance.
+  std::set<std::string, std::less<>> wanted(query->sources.begin(), query->sources.end());
+  if (wanted.empty()) wanted = names;
+  query->sources.clear();
+  if (!query->block_size && !query->token_ids.empty()) {
+    query->block_size = config.default_block_size;
+  }
+  HttpResponse out;
+  if (explain) {
+    auto result = index->Explain(*query);
+    if (!result.ok()) {
+      bool bad = result.status().code() == StatusCode::kInvalidArgument;
+      (bad ? score_bad : score_err)->Increment();
+      return HttpResponse{bad ? 400 : 500, "application/json",
+                          RenderError(result.status().message())};
+    }
+    int64_t tokens = query->token_ids.empty()
+                         ? result->score.query_blocks * result->score.block_size
+                         : static_cast<int64_t>(query->token_ids.size());
+    KeepSources(wanted, &result->score);
+    std::erase_if(result->instances,
+                  [&](const ExplainInstance& i) { return !wanted.contains(i.source); });
+    out.body = RenderExplainResponse(*result, tokens);
+  } else {
+    auto result = index->Score(*query);
+    if (!result.ok()) {
+      bool bad = result.status().code() == StatusCode::kInvalidArgument;
+      (bad ? score_bad : score_err)->Increment();
+      return HttpResponse{bad ? 400 : 500, "application/json",
+                          RenderError(result.status().message())};
+    }
+    int64_t tokens = query->token_ids.empty() ? result->query_blocks * result->block_size
+                                              : static_cast<int64_t>(query->token_ids.size());
+    KeepSources(wanted, &*result);
+    out.body = RenderScoreResponse(*result, tokens);
+  }
+  score_ok->Increment();
+  score_latency->Observe(static_cast<double>(clock->MonotonicNanos() - start) / 1e9);
+  return out;
+}
+
+std::vector<SourceStatus> IndexerService::Impl::Sources() const {
+  IndexerStats stats = index->Stats();
+  std::map<std::pair<std::string, int64_t>, const StreamStats*> durable;
+  for (const StreamStats& st : stats.streams) durable[{st.source, st.dp_rank}] = &st;
+  const double now_s = clock->NowSeconds();
+  const int64_t now_ns = clock->MonotonicNanos();
+  std::vector<SourceStatus> out;
+  MutexLock registry_lock(&registry_mu);
+  for (const auto& src : sources) {
+    SourceStatus ss;
+    ss.name = src->config.name;
+    ss.endpoint = src->config.endpoint;
+    ss.replay_endpoint = src->config.replay_endpoint.value_or("");
+    ss.topic = src->config.topic;
+    ss.connected = true;
+    if (src->doctor) ss.parity = src->doctor->report();
+    if (src->config.hash) {
+      ss.hash_algo = HashAlgoName(src->config.hash->algo);
+      ss.hash_seed = src->config.hash->seed;
+      ss.hash_block_size = src->config.hash->block_size;
+    }
+    for (const auto& st : streams) {
+      if (st->source != src.get()) continue;
+      StreamStatus status;
+      double ts;
+      int64_t activity;
+      {
+        MutexLock lock(&st->mu);
+        status = st->status;
+        ts = st->last_batch_ts;
+        activity = st->last_activity_ns;
+      }
+      status.dp_rank = st->stream.dp_rank;
+      status.endpoint = st->stream.endpoint;
+      status.replay_endpoint = st->stream.replay_endpoint.value_or("");
+      auto it = durable.find({st->stream.source, st->stream.dp_rank});
+      if (it != durable.end() && it->second->has_seq) {
+        status.has_seq = true;
+        status.last_seq = it->second->last_seq;
+        status.durable_seq = it->second->durable_seq;
+        if (ts == 0) ts = it->second->last_event_ts;
+      } else {
+        status.has_seq = false;
+      }
+      status.lag_seconds = ts > 0 ? std::max(0.0, now_s - ts) : 0.0;
+      bool recent = activity != 0 && now_ns - activity <= config.silent_after_ms * 1'000'000;
+      status.connected = recent;
+      if (status.state != "retrying") {
+        status.state = recent ? "following" : (activity != 0 ? "silent" : "connecting");
+      }
+      st->metrics.connected->Set(recent ? 1 : 0);
+      st->metrics.lag->Set(status.lag_seconds);
+      ss.connected = ss.connected && recent;
+      ss.streams.push_back(std::move(status));
+    }
+    out.push_back(std::move(ss));
+  }
+  return out;
+}
+
+std::string IndexerService::Impl::RenderMetrics() {
+  IndexerStats stats = index->Stats();
+  memory_bytes->Set(static_cast<double>(stats.memory_bytes));
+  blocks_in_memory->Set(static_cast<double>(stats.blocks_in_memory));
+  entries_in_memory->Set(static_cast<double>(stats.entries_in_memory));
+  dropped_by_budget->Set(static_cast<double>(stats.counters.dropped_by_budget));
+  log_rows_pending->Set(static_cast<double>(stats.log_rows_pending));
+  sqlite_bytes->Set(static_cast<double>(stats.sqlite_bytes));
+  (void)Sources();  // refreshes the connected and lag gauges
+  return metrics.RenderPrometheus();
+}
+
+namespace {
+HttpResponse JsonError(int code, const std::string& message) {
+  return HttpResponse{code, "application/json", RenderError(message)};
+}
+}  // namespace
+
+Status IndexerService::Impl::CheckRegistration(const Registration& reg, bool* same) {
+  *same = false;
+  const std::string name = reg.SourceName();
+  MutexLock lock(&registry_mu);
+  for (const auto& src : sources) {
+    if (src->config.name != name) continue;
+    if (!src->reg) {
+      return Status::AlreadyExists("instance '" + reg.Key() +
+                                   "' has the name of a --source/--config source ('" + name +
+                                   "'); register it under another instance_id");
+    }
+    std::string diff = FirstDifference(*src->reg, reg);
+    if (diff.empty()) {
+      *same = true;  // idempotent
+      return Status::Ok();
+    }
+    return Status::AlreadyExists("instance '" + reg.Key() +
+                                 "' is already registered with another '" + diff +
+                                 "'; POST /unregister it first");
+  }
+  for (const auto& st : streams) {
+    if (st->stream.endpoint == reg.endpoint ||
+        (reg.replay_endpoint && st->stream.replay_endpoint == reg.replay_endpoint)) {
+      return Status::AlreadyExists("'endpoint' '" + CutForMessage(reg.endpoint) +
+                                   "' is already followed as source '" + st->stream.source + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+Status IndexerService::Impl::AddNewRegistration(const Registration& reg) {
+  const std::string name = reg.SourceName();
+  Status st = index->PutRegistration(name, RenderRegistration(reg));
+  if (!st.ok()) return Status::Internal("registration not stored: " + st.ToString());
+  {
+    MutexLock lock(&registry_mu);
+    st = AddRegistered(reg, true);
+  }
+  if (!st.ok()) {
+    (void)index->DeleteRegistration(name);
+    return Status::InvalidArgument(std::string(st.message()));
+  }
+  KVO_LOG_INFO("indexer: registered '{}' ({}, replay {}{}{})", name, reg.endpoint,
+               reg.replay_endpoint.value_or("none"),
+               reg.discovered_from.empty() ? "" : ", discovered from ", reg.discovered_from);
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
+    const std::function<bool(const Registration&)>& pick) {
+  std::vector<std::unique_ptr<SourceState>> gone_sources;
+  std::vector<std::unique_ptr<StreamState>> gone_streams;
+  std::vector<std::string> removed;
+  {
+    MutexLock lock(&registry_mu);
+    Status failed;
+    for (auto& src : sources) {
+      if (!src->reg || !pick(*src->reg)) continue;
+      Status st = index->DeleteRegistration(src->config.name);
+      if (!st.ok()) {
+        failed = st;
+        break;
+      }
+      removed.push_back(src->reg->Key());
+      gone_sources.push_back(std::move(src));
+    }
+    if (!failed.ok()) {
+      // Put back what was taken out so far: nothing is half-removed.
+      std::erase_if(sources, [](const auto& p) { return p == nullptr; });
+      for (auto& g : gone_sources) {
+        (void)index->PutRegistration(g->config.name, RenderRegistration(*g->reg));
+        sources.push_back(std::move(g));
+      }
+      return Status::Internal("registration not deleted: " + failed.ToString());
+    }
+    std::erase_if(sources, [](const auto& p) { return p == nullptr; });
+    for (auto& st : streams) {
+      for (const auto& src : gone_sources) {
+        if (st && st->source == src.get()) gone_streams.push_back(std::move(st));
+      }
+    }
+    std::erase_if(streams, [](const auto& p) { return p == nullptr; });
+    for (const auto& src : gone_sources) source_names.erase(src->config.name);
+  }
+  {
+    MutexLock lock(&stop_mu);
+    for (auto& st : gone_streams) st->stop = true;
+  }
+  stop_cv.SignalAll();
+  for (auto& st : gone_streams) {
+    if (st->thread.joinable()) st->thread.join();
+  }
+  for (const auto& src : gone_sources) {
+    Status st = index->ClearSource(src->config.name);
+    if (!st.ok()) {
+      KVO_LOG_ERROR("indexer: unregistered '{}' but clearing its entries failed: {}",
+                    src->config.name, st.ToString());
+    }
+    KVO_LOG_INFO("indexer: unregistered '{}'", src->config.name);
+  }
+  return removed;
+}
+
+namespace {
+int HttpCodeOf(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+      return 400;
+    case StatusCode::kAlreadyExists:
+      return 409;
+    default:
+      return 500;
+  }
+}
+}  // namespace
+
+HttpResponse IndexerService::Impl::Register(const HttpRequest& r) {
+  auto parsed = ParseRegisterRequest(r.body, options.allow_remote_sources);
+  if (!parsed.ok()) return JsonError(400, std::string(parsed.status().message()));
+  auto ranks = ExpandRanks(*parsed);
+  if (!ranks.ok()) return JsonError(400, std::string(ranks.status().message()));
+  MutexLock op(&reg_op_mu);
+  // Every rank is checked before any is added: a refused request registers nothing.
+  std::vector<const Registration*> fresh;
+  for (const Registration& reg : *ranks) {
+    bool same = false;
+    Status st = CheckRegistration(reg, &same);
+    if (!st.ok()) return JsonError(HttpCodeOf(st), std::string(st.message()));
+    if (!same) fresh.push_back(&reg);
+  }
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    Status st = AddNewRegistration(*fresh[i]);
+    if (!st.ok()) {
+      std::set<std::string> undo;
+      for (size_t j = 0; j < i; ++j) undo.insert(fresh[j]->SourceName());
+      (void)RemoveRegistered([&](const Registration& g) { return undo.contains(g.SourceName()); });
+      return JsonError(HttpCodeOf(st), std::string(st.message()));
+    }
+  }
+  return HttpResponse{200, "application/json", RenderRegistered(parsed->instance_id)};
+}
+
+HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
+  auto req = ParseUnregisterRequest(r.body);
+  if (!req.ok()) return JsonError(400, std::string(req.status().message()));
+  MutexLock op(&reg_op_mu);
+  auto removed = RemoveRegistered([&](const Registration& g) {
+    return g.instance_id == req->instance_id && g.tenant_id == req->tenant_id &&
+           (!req->dp_rank || g.dp_rank == *req->dp_rank);
+  });
+  if (!removed.ok()) return JsonError(500, std::string(removed.status().message()));
+  if (removed->empty()) {
+    return JsonError(400, "'instance_id' '" + req->instance_id + "' (tenant_id '" + req->tenant_id +
+                              "'" +
+                              (req->dp_rank ? ", dp_rank " + std::to_string(*req->dp_rank) : "") +
+                              ") is not registered");
+  }
+  return HttpResponse{200, "application/json", RenderUnregistered(*removed)};
+}
+
+HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash) {
+  const int64_t start = clock->MonotonicNanos();
+  auto q = ParseRouterQuery(r.body, by_hash, config.max_query_tokens);
+  if (!q.ok()) {
+    score_bad->Increment();
+    return JsonError(400, std::string(q.status().message()));
+  }
+  // The streams in scope: registrations of the tenant (config sources are tenant "default",
+  // instance_id = source name, any model), then instance_id, model, LoRA and salt.
+  struct Target {
+    std::string instance_id;
+    std::string source;
+    int64_t dp_rank;
+  };
+  std::vector<Target> targets;
+  {
+    MutexLock lock(&registry_mu);
+    bool tenant_known = false;
+    bool instance_known = false;
+    bool model_known = false;
+    for (const auto& src : sources) {
+      const std::string tenant = src->reg ? src->reg->tenant_id : "default";
+      const std::string instance = src->reg ? src->reg->instance_id : src->config.name;
+      if (tenant != q->tenant_id) continue;
+      tenant_known = true;
+      if (q->instance_id && instance != *q->instance_id) continue;
+      instance_known = true;
+      if (src->reg && src->reg->model != q->model) continue;
+      model_known = true;
+      if (src->reg &&
+          (src->reg->lora_name != q->lora_name || src->reg->additional_salt != q->cache_salt)) {
+        continue;
+      }
+      for (const auto& st : streams) {
+        if (st->source == src.get())
+          targets.push_back({instance, src->config.name, st->stream.dp_rank});
+      }
+    }
+    std::string why;
+    if (!tenant_known) {
+      why = "'tenant_id' '" + q->tenant_id + "' has no registered instance";
+    } else if (!instance_known) {
+      why = "'instance_id' '" + *q->instance_id + "' is not registered in tenant '" + q->tenant_id +
+            "'";
+    } else if (!model_known) {
+      why = "'model' '" + CutForMessage(q->model) + "' has no registered instance in tenant '" +
+            q->tenant_id + "'";
+    }
+    if (!why.empty()) {
+      score_bad->Increment();
+      return JsonError(400, why);
+    }
+  }
+  std::map<std::string, InstanceMatch> matches;
+  for (const Target& t : targets) {
+    InstanceMatch& m = matches[t.instance_id];
+    m.dp[t.dp_rank];  // listed even when nothing matches
+  }
+  ScoreQuery sq;
+  if (by_hash) {
+    sq.block_hashes = std::move(q->hashes);
+  } else {
+    sq.token_ids = std::move(q->token_ids);
+    sq.block_size = q->block_size;
+  }
+  if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
+  const bool empty =
+      sq.block_hashes.empty() && static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
+  if (!targets.empty() && !empty) {
+    auto result = index->Tiered(sq);
+    if (!result.ok()) {
+      bool bad = result.status().code() == StatusCode::kInvalidArgument;
+      (bad ? score_bad : score_err)->Increment();
+      return JsonError(bad ? 400 : 500, std::string(result.status().message()));
+    }
+    std::map<std::pair<std::string, int64_t>, TierBoundaries> walked;
+    for (const Indexer::TieredMatch& t : *result) {
+      walked[{t.source, t.dp_rank}] = TierBoundaries{t.gpu, t.cpu, t.disk};
+    }
+    for (const Target& t : targets) {
+      auto it = walked.find({t.source, t.dp_rank});
+      AddRank(it != walked.end() ? it->second : TierBoundaries{}, t.dp_rank, q->block_size,
+              &matches[t.instance_id]);
+    }
+  }
+  score_ok->Increment();
+  score_latency->Observe(static_cast<double>(clock->MonotonicNanos() - start) / 1e9);
+  return HttpResponse{200, "application/json", RenderRouterQueryResponse(q->tenant_id, matches)};
+}
+
+HttpResponse IndexerService::Impl::Workers() const {
+  std::vector<WorkerInfo> out;
+  MutexLock lock(&registry_mu);
+  for (const auto& st : streams) {
+    WorkerInfo w;
+    const SourceState* src = st->source;
+    w.source = src->config.name;
+    w.registered = src->reg.has_value();
+    if (src->reg) {
+      w.reg = *src->reg;
+    } else {
+      w.reg.instance_id = src->config.name;
+      w.reg.endpoint = st->stream.endpoint;
+      w.reg.replay_endpoint = st->stream.replay_endpoint;
+      w.reg.dp_rank = st->stream.dp_rank;
+    }
+    {
+      MutexLock slock(&st->mu);
+      w.state = st->status.state;
+    }
+    auto last = index->LastSequence(st->stream.source, st->stream.dp_rank);
+    if (last.ok()) w.last_sequence = *last;
+    out.push_back(std::move(w));
+  }
+  return HttpResponse{200, "application/json", RenderWorkers(out)};
+}
+
+}  // namespace kvo

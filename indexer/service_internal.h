@@ -1,0 +1,204 @@
+// Internal to indexer/: the state behind IndexerService (IndexerService::Impl), shared by
+// service.cc (streams, discovery, start and stop) and service_http.cc (the HTTP routes).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "events/zmq_subscriber.h"
+#include "indexer/discovery.h"
+#include "indexer/doctor.h"
+#include "indexer/service.h"
+
+namespace kvo {
+namespace service_internal {
+
+// How long a stream thread waits for a batch before it checks whether it should stop: bounds how
+// long /unregister (and a discovered engine's move) waits for the thread (the router API's
+// /unregister p99 < 50 ms); an idle stream wakes 40 times a second for it.
+inline constexpr auto kPollSlice = std::chrono::milliseconds(25);
+
+inline std::vector<double> LatencyBuckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
+}
+
+// Per-source state shared by the source's streams.
+struct SourceState {
+  SourceConfig config;
+  std::optional<Registration> reg;  // set for a source registered with POST /register
+  std::unique_ptr<HashParityDoctor> doctor;
+};
+
+struct StreamMetrics {
+  Counter* batches = nullptr;
+  Counter* block_events = nullptr;
+  Counter* gaps_filled = nullptr;
+  Counter* batches_lost = nullptr;
+  Counter* restarts = nullptr;
+  Counter* clears = nullptr;
+  Counter* decode_errors = nullptr;
+  Counter* malformed = nullptr;
+  Counter* apply_errors = nullptr;
+  Counter* unknown_removals = nullptr;
+  Counter* replay_failures = nullptr;
+  Counter* absurd_sequences = nullptr;
+  Gauge* last_seq = nullptr;
+  Gauge* lag = nullptr;
+  Gauge* connected = nullptr;
+};
+
+// The per-stream families (labels source, dp_rank): one row each, with the StreamMetrics member
+// that holds the stream's series.
+template <class Handle>
+struct StreamRow {
+  const char* name;
+  const char* help;
+  Handle* StreamMetrics::*handle;
+};
+inline constexpr StreamRow<Counter> kStreamCounters[] = {
+    {"kvo_indexer_batches_applied", "Event batches applied", &StreamMetrics::batches},
+    {"kvo_indexer_block_events_applied", "Block hashes in applied events",
+     &StreamMetrics::block_events},
+    {"kvo_indexer_gaps_filled", "Sequence gaps filled by replay", &StreamMetrics::gaps_filled},
+    {"kvo_indexer_batches_lost", "Batches replay could not supply", &StreamMetrics::batches_lost},
+    {"kvo_indexer_publisher_restarts", "Publisher restarts detected", &StreamMetrics::restarts},
+    {"kvo_indexer_source_clears",
+     "Times the stream's entries were cleared after a loss (restart, lost batches)",
+     &StreamMetrics::clears},
+    {"kvo_indexer_decode_errors", "Batches that failed to decode (skipped)",
+     &StreamMetrics::decode_errors},
+    {"kvo_indexer_malformed_messages", "Malformed bus messages (dropped)",
+     &StreamMetrics::malformed},
+    {"kvo_indexer_apply_errors", "Batches the index refused", &StreamMetrics::apply_errors},
+    {"kvo_indexer_unknown_removals", "Removals of hashes the stream did not hold",
+     &StreamMetrics::unknown_removals},
+    {"kvo_indexer_replay_failures", "Replays timed out or abandoned (nothing lost by itself)",
+     &StreamMetrics::replay_failures},
+    {"kvo_indexer_absurd_sequences",
+     "Live sequence numbers far ahead (>= max_seq_jump) or the end-marker value: a restart or "
+     "garbage, not a loss",
+     &StreamMetrics::absurd_sequences},
+};
+inline constexpr StreamRow<Gauge> kStreamGauges[] = {
+    {"kvo_indexer_last_sequence", "Last applied sequence", &StreamMetrics::last_seq},
+    {"kvo_indexer_lag_seconds", "Now minus the timestamp of the last applied batch",
+     &StreamMetrics::lag},
+    {"kvo_indexer_connected", "1 while the stream is answering", &StreamMetrics::connected},
+};
+
+struct StreamState {
+  SourceState* source = nullptr;
+  SourceStream stream;
+  StreamMetrics metrics;
+  std::thread thread;
+  std::atomic<bool> stop{false};  // unregistered: the thread ends (set under stop_mu)
+  mutable Mutex mu;
+  StreamStatus status GUARDED_BY(mu);
+  double last_batch_ts GUARDED_BY(mu) = 0;
+  int64_t last_activity_ns GUARDED_BY(mu) = 0;  // 0: never
+  bool rank_mismatch_logged = false;            // stream thread only
+};
+
+}  // namespace service_internal
+
+struct IndexerService::Impl {
+  IndexerConfig config;
+  ServiceOptions options;
+  Clock* clock = nullptr;
+  std::unique_ptr<Indexer> index;
+  MetricsRegistry metrics;
+  // Serialises /register and /unregister (held across their SQLite writes and thread joins).
+  // Order: reg_op_mu -> registry_mu -> a stream's mu.
+  Mutex reg_op_mu;
+  mutable Mutex registry_mu;  // the sources and streams followed now (config and registered)
+  std::vector<std::unique_ptr<service_internal::SourceState>> sources GUARDED_BY(registry_mu);
+  std::vector<std::unique_ptr<service_internal::StreamState>> streams GUARDED_BY(registry_mu);
+  std::set<std::string, std::less<>> source_names GUARDED_BY(registry_mu);
+  std::unique_ptr<HttpServer> http;
+  std::atomic<bool> stopping{false};
+  Mutex stop_mu;
+  CondVar stop_cv{&stop_mu};
+  bool stopped GUARDED_BY(stop_mu) = false;
+
+  Counter* score_ok = nullptr;
+  Counter* score_bad = nullptr;
+  Counter* score_err = nullptr;
+  Histogram* score_latency = nullptr;
+  Gauge* memory_bytes = nullptr;
+  Gauge* blocks_in_memory = nullptr;
+  Gauge* entries_in_memory = nullptr;
+  Gauge* dropped_by_budget = nullptr;
+  Gauge* log_rows_pending = nullptr;
+  Gauge* sqlite_bytes = nullptr;
+
+  // The per-stream families, in the order of kStreamCounters / kStreamGauges (registered with
+  // the first stream).
+  std::vector<CounterFamily*> stream_counters GUARDED_BY(registry_mu);
+  std::vector<GaugeFamily*> stream_gauges GUARDED_BY(registry_mu);
+
+  Status RegisterMetrics();
+  Status RegisterStream(service_internal::StreamState* s) EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  // Adds a source and its streams (threads started when start_threads).
+  Status AddSource(const SourceConfig& sc, std::optional<Registration> reg,
+                   std::vector<SourceStream> streams, bool start_threads)
+      EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  void StartThread(service_internal::StreamState* s);
+  void RunStream(service_internal::StreamState* s);
+  bool Stopped(const service_internal::StreamState* s) const {
+    return stopping.load() || s->stop.load();
+  }
+  // Waits up to `ms` unless stopping (or the stream is unregistered); false then.
+  bool WaitFor(const service_internal::StreamState* s, int64_t ms);
+  // The Mooncake/Dynamo API (router_api.h).
+  HttpResponse Register(const HttpRequest& r);
+  HttpResponse Unregister(const HttpRequest& r);
+  HttpResponse RouterQuery(const HttpRequest& r, bool by_hash);
+  HttpResponse Workers() const;
+  Status AddRegistered(const Registration& reg, bool start_thread)
+      EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  // Checks that `reg` may be registered: Ok (and *same = true when exactly this registration
+  // exists), AlreadyExists (409) for a name or endpoint taken otherwise.
+  Status CheckRegistration(const Registration& reg, bool* same) EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
+  // Stores and starts one checked registration. REQUIRES: CheckRegistration said Ok, not same.
+  Status AddNewRegistration(const Registration& reg) EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
+  // Removes the registered sources `pick` selects: stored rows deleted, threads stopped and
+  // joined, entries cleared. Returns their keys ("<id>|<tenant>|<rank>").
+  Result<std::vector<std::string>> RemoveRegistered(
+      const std::function<bool(const Registration&)>& pick) EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
+  // Discovery (--discover): one thread per target polls it (discovery.h) and applies a good
+  // answer here: a new rank is registered, a rank whose endpoints changed (the engine restarted
+  // on new ports) has its old stream cleared and the new one followed, a rank no longer listed is
+  // unregistered. A rank that cannot be registered is logged; the others are applied.
+  Status ApplyDiscovered(const DiscoverTarget& t, const std::string& model,
+                         const std::vector<DiscoveredSource>& list);
+  void RunDiscovery(Discoverer* d);
+  // GET /v1/discovery: {"targets": [{"url", "state", "polls", "failures",
+  // "consecutive_failures", "last_error", "next_delay_ms", "sources", "model"}]}
+  std::string DiscoveryJson() const;
+  std::vector<std::unique_ptr<Discoverer>> discoverers;  // fixed after Start
+  std::vector<std::thread> discovery_threads;
+  // The doctor's metric families (per source).
+  CounterFamily* doctor_checked = nullptr;
+  CounterFamily* doctor_mismatched = nullptr;
+  GaugeFamily* doctor_parity = nullptr;
+  // A loss (restart, unrecoverable gap) on stream `s`: clear the stream when it holds anything.
+  void HandleLoss(service_internal::StreamState* s, const std::string& why);
+  // Applies one batch (errors are counted and logged).
+  void Apply(service_internal::StreamState* s, const ReceivedBatch& b);
+  HttpResponse Score(const HttpRequest& r, bool explain);
+  // Keeps the instances of `wanted` sources, adds zero entries for their streams the index has
+  // not seen, and sorts best first.
+  void KeepSources(const std::set<std::string, std::less<>>& wanted, ScoreResult* result) const;
+  std::vector<SourceStatus> Sources() const;
+  std::string RenderMetrics();
+};
+
+}  // namespace kvo
