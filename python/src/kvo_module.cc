@@ -424,7 +424,7 @@ PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
       }
       PyList_SET_ITEM(o->keys, static_cast<Py_ssize_t>(j), k);
     }
-    o->medium = CachedStr(e.medium);
+    o->medium = CachedStr(std::string(MediumName(e.medium)));
     o->removed = PyBool_FromLong(e.removed ? 1 : 0);
     if (e.locality) {
       o->locality = CachedStr(*e.locality);
@@ -432,7 +432,7 @@ PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
       Py_INCREF(Py_None);
       o->locality = Py_None;
     }
-    o->reason = CachedStr(e.reason);
+    o->reason = CachedStr(std::string(RemovalReasonName(e.reason)));
     o->tier = PyLong_FromLong(e.tier);
     if (o->medium == nullptr || o->locality == nullptr || o->reason == nullptr ||
         o->tier == nullptr) {
@@ -1031,7 +1031,8 @@ class PyFsTier {
     T().TakeEvents(&events_);
     py::list out;
     for (const OffloadingEvent& e : events_) {
-      out.append(py::make_tuple(KeysToList(e.keys), e.medium, e.removed, e.locality, e.reason));
+      out.append(py::make_tuple(KeysToList(e.keys), std::string(MediumName(e.medium)), e.removed,
+                                e.locality, std::string(RemovalReasonName(e.reason))));
     }
     return out;
   }
