@@ -36,7 +36,7 @@ std::string MakePayload(int blocks, bool with_tokens) {
       stored.token_ids.push_back(1000 + (b * 16 + t) * 37 % 60000);
     }
   }
-  stored.parent_block_hash = BlockHash::Uint(0x0123456789abcdefull);
+  stored.parent_block_hash = BlockHash::Uint(0x0123'4567'89ab'cdefull);
   stored.block_size = with_tokens ? 16 : 0;
   stored.group_idx = 0;
   stored.medium = kMediumCpu;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/json.h"
+#include "events/block_id.h"
 #include "http/http_server.h"
 #include "indexer/instance_blocks.h"
 #include "supervisor/supervisor.h"
@@ -110,18 +111,12 @@ std::optional<uint64_t> ParseHash(const Json& v) {
   std::string s = v.get<std::string>();
   if (s.rfind("0x", 0) == 0) s = s.substr(2);
   if (s.empty()) return std::nullopt;
-  // A longer digest (raw-bytes hash) counts by its low 64 bits, as the indexer does.
-  if (s.size() > 16) s = s.substr(s.size() - 16);
-  uint64_t x = 0;
-  for (char c : s) {
-    int d = (c >= '0' && c <= '9')   ? c - '0'
-            : (c >= 'a' && c <= 'f') ? c - 'a' + 10
-            : (c >= 'A' && c <= 'F') ? c - 'A' + 10
-                                     : -1;
-    if (d < 0) return std::nullopt;
-    x = (x << 4) | static_cast<uint64_t>(d);
-  }
-  return x;
+  // An odd digit count reads as if it had a leading 0. A longer digest (raw-bytes hash) counts by
+  // its low 64 bits, as the indexer does.
+  if (s.size() % 2 != 0) s.insert(0, 1, '0');
+  Result<BlockDigest> digest = BlockDigest::FromHex(s);
+  if (!digest.ok()) return std::nullopt;
+  return digest->Low64();
 }
 
 std::string MediumKey(std::string m) {

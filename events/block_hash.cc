@@ -838,53 +838,8 @@ Result<std::vector<uint64_t>> HashBlocksWire(std::span<const int64_t> token_ids,
     Status s = hasher.HashTo(parent, token_ids.subspan(i * options.block_size, options.block_size),
                              extra, &digest);
     if (!s.ok()) return s.WithContext("block " + std::to_string(i));
-    out.push_back(WireHash(digest));
+    out.push_back(BlockDigest::Low64(digest));
     parent.swap(digest);
-  }
-  return out;
-}
-
-uint64_t WireHash(std::string_view digest) {
-  const size_t n = std::min<size_t>(8, digest.size());
-  uint64_t v = 0;
-  for (size_t i = digest.size() - n; i < digest.size(); ++i) {
-    v = (v << 8) | static_cast<uint8_t>(digest[i]);
-  }
-  return v;
-}
-
-std::string ToHex(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(bytes.size() * 2, '\0');
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    const auto b = static_cast<uint8_t>(bytes[i]);
-    out[2 * i] = kDigits[b >> 4];
-    out[2 * i + 1] = kDigits[b & 0xF];
-  }
-  return out;
-}
-
-Result<std::string> ParseHex(std::string_view hex) {
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  if (hex.size() % 2 != 0) {
-    return Status::InvalidArgument("hex string '" + Printable(hex) + "' has an odd length (" +
-                                   std::to_string(hex.size()) + ")");
-  }
-  std::string out(hex.size() / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int hi = nibble(hex[2 * i]);
-    const int lo = nibble(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) {
-      return Status::InvalidArgument("hex string '" + Printable(hex) +
-                                     "' has a non-hex character at offset " +
-                                     std::to_string(hi < 0 ? 2 * i : 2 * i + 1));
-    }
-    out[i] = static_cast<char>((hi << 4) | lo);
   }
   return out;
 }

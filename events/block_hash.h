@@ -31,7 +31,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hex.h"
 #include "common/result.h"
+#include "events/block_id.h"
 #include "events/event.h"
 
 namespace kvo {
@@ -124,22 +126,13 @@ struct BlockHashOptions {
 Result<std::vector<std::string>> HashBlocks(std::span<const int64_t> token_ids,
                                             const BlockHashOptions& options);
 
-// HashBlocks' chain as wire hashes (WireHash of each digest), without keeping the digests: what a
-// router or the indexer needs for a prompt. Same errors as HashBlocks.
+// HashBlocks' chain as wire hashes (BlockDigest::Low64 of each digest), without keeping the
+// digests: what a router or the indexer needs for a prompt. Same errors as HashBlocks.
 Result<std::vector<uint64_t>> HashBlocksWire(std::span<const int64_t> token_ids,
                                              const BlockHashOptions& options);
 
 // Ok when `extra_keys` is nil or a tuple that HashBlock can hash (str, int, bytes, nested tuples);
 // else InvalidArgument naming the offending value.
 Status CheckExtraKeys(const Value& extra_keys);
-
-// The default wire form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1): last 8 digest bytes, big-endian
-// (fewer bytes, e.g. a short test digest, are taken as they are).
-uint64_t WireHash(std::string_view digest);
-
-// Lowercase hex of raw bytes, and back (ParseHex accepts either case; odd length or a non-hex
-// character is InvalidArgument).
-std::string ToHex(std::string_view bytes);
-Result<std::string> ParseHex(std::string_view hex);
 
 }  // namespace kvo

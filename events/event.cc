@@ -2,16 +2,12 @@
 
 #include <type_traits>
 
+#include "events/block_id.h"
+
 namespace kvo {
 
 uint64_t BlockHash::Low64() const {
-  if (kind != Kind::kBytes) return value;
-  uint64_t v = 0;
-  size_t n = bytes.size() < 8 ? bytes.size() : 8;
-  for (size_t i = bytes.size() - n; i < bytes.size(); ++i) {
-    v = (v << 8) | static_cast<uint8_t>(bytes[i]);
-  }
-  return v;
+  return kind == Kind::kBytes ? BlockDigest::Low64(bytes) : value;
 }
 
 std::string BlockHash::ToString() const {
@@ -20,16 +16,8 @@ std::string BlockHash::ToString() const {
       return std::to_string(value);
     case Kind::kInt:
       return std::to_string(as_int());
-    case Kind::kBytes: {
-      static constexpr char kHex[] = "0123456789abcdef";
-      std::string out;
-      out.reserve(bytes.size() * 2);
-      for (unsigned char c : bytes) {
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-      }
-      return out;
-    }
+    case Kind::kBytes:
+      return ToHex(bytes);
   }
   return {};
 }

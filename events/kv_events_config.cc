@@ -5,6 +5,7 @@
 
 #include <charconv>
 
+#include "common/hex.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "events/journal.h"
@@ -123,10 +124,8 @@ std::string ShowBounded(std::string_view s) {
   for (size_t i = 0; i < s.size() && out.size() < 80; ++i) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c >= 0x7f) {
-      static const char* kHex = "0123456789abcdef";
       out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
+      AppendHex(std::string_view(&s[i], 1), &out);
     } else {
       out += static_cast<char>(c);
     }

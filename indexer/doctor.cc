@@ -33,7 +33,7 @@ constexpr int kExtraLora = 2;
 bool HashMatches(const BlockHash& wire, const std::string& digest) {
   switch (wire.kind) {
     case BlockHash::Kind::kUint:
-      return WireHash(digest) == wire.value;
+      return BlockDigest::Low64(digest) == wire.value;
     case BlockHash::Kind::kBytes:
       return wire.bytes == digest;
     case BlockHash::Kind::kInt:
@@ -139,7 +139,7 @@ void HashParityDoctor::Remember(const BlockStored& stored,
   for (size_t i = 0; i < digests.size() && i < stored.block_hashes.size(); ++i) {
     if (!HashMatches(stored.block_hashes[i], digests[i])) break;  // only a verified chain
     if (digests_.size() >= options_.max_remembered_digests) digests_.clear();
-    digests_[WireHash(digests[i])] = digests[i];
+    digests_[BlockDigest::Low64(digests[i])] = digests[i];
   }
 }
 
@@ -195,7 +195,7 @@ void HashParityDoctor::CheckStored(const BlockStored& stored) {
         " hashes and " + std::to_string(tokens) + " tokens: engine sent " +
         ShowHash(stored.block_hashes[std::min<size_t>(first_bad, n - 1)]) +
         (first_bad < digests.size()
-             ? ", recomputed " + std::to_string(WireHash(digests[first_bad]))
+             ? ", recomputed " + std::to_string(BlockDigest::Low64(digests[first_bad]))
              : std::string(", tokens per hash not a multiple of the configured block size"));
     Diagnose(stored);
   }

@@ -73,7 +73,7 @@ Status ParseHashes(const json& v, const ScoreRequestLimits& limits, ScoreQuery* 
       if (!raw.ok() || raw->empty()) {
         return Bad(where + " must be a u64 or a hex digest, got " + Show(h));
       }
-      q->block_hashes.push_back(WireHash(*raw));
+      q->block_hashes.push_back(BlockDigest::Low64(*raw));
     } else {
       return Bad(where + " must be a u64 or a hex digest, got " + Show(h));
     }

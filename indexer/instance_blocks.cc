@@ -8,6 +8,7 @@
 #include <set>
 #include <string_view>
 
+#include "common/hex.h"
 #include "indexer/http_api.h"
 #include "indexer/router_api.h"
 
@@ -24,11 +25,7 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::string Hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+std::string Hex16(uint64_t v) { return HexU64(v); }
 
 std::string MediumName(const std::string& medium) {
   switch (RouterTierOf(medium)) {

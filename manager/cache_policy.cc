@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "common/hex.h"
 #include "common/mutex.h"
 #include "manager/arc_policy.h"
 #include "manager/lru_policy.h"
@@ -41,9 +42,8 @@ std::string PyRepr(const std::string& s) {
     } else if (c == '\t') {
       out += "\\t";
     } else if (c < 0x20 || c == 0x7f) {
-      char buf[5];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
+      out += "\\x";
+      AppendHex(std::string_view(reinterpret_cast<const char*>(&c), 1), &out);
     } else {
       out += static_cast<char>(c);
     }

@@ -226,9 +226,9 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
     if (enable_events_) {
       OffloadingEvent& e = NewEvent();
       e.keys.assign(out->evicted_keys.begin(), out->evicted_keys.end());
-      e.medium = kMediumCpu;
+      e.medium = Medium::kCpu;
       e.removed = true;
-      e.reason = kReasonEvicted;
+      e.reason = RemovalReason::kEvicted;
     }
   }
 
@@ -263,7 +263,7 @@ Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
     if (enable_events_ && changed->size() > first) {
       OffloadingEvent& e = NewEvent();
       e.keys.assign(changed->begin() + static_cast<std::ptrdiff_t>(first), changed->end());
-      e.medium = kMediumCpu;
+      e.medium = Medium::kCpu;
       e.removed = false;
     }
   } else {

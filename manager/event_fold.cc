@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "events/codec.h"
+#include "events/medium.h"
 
 namespace kvo {
 
@@ -14,7 +15,8 @@ void JournalFold::Apply(const EventBatch& batch) {
     const auto* s = std::get_if<BlockStored>(&e);
     if (s == nullptr || s->block_hashes.empty()) continue;
     if (s->block_size <= 0 && s->token_ids.empty()) continue;  // a placeholder
-    if (s->medium != kMediumCpu && s->medium != kMediumStorage) continue;
+    const Medium medium = s->medium ? MediumFromName(*s->medium) : Medium::kOther;
+    if (medium != Medium::kCpu && medium != Medium::kStorage) continue;
     described_[{s->group_idx.value_or(0), s->block_hashes.back().Low64()}] =
         std::make_shared<const BlockStored>(*s);
   }

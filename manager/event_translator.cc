@@ -25,19 +25,19 @@ void EventTranslator::Adopt(const OffloadKey& key, ChunkMetadata metadata, int32
   e.described_tiers |= Bit(tier);
 }
 
-BlockStored EventTranslator::PlaceholderStored(const OffloadKey& key, const std::string& medium,
+BlockStored EventTranslator::PlaceholderStored(const OffloadKey& key, Medium medium,
                                                const std::optional<std::string>& locality) {
   BlockStored s;
   s.block_hashes.push_back(key.EventHash());
   s.block_size = 0;
-  s.medium = medium;
+  s.medium = std::string(MediumName(medium));
   s.group_idx = key.group();
   s.locality = locality;
   return s;
 }
 
 BlockStored EventTranslator::DescribedStored(const OffloadKey& key, const ChunkMetadata& meta,
-                                             const std::string& medium,
+                                             Medium medium,
                                              const std::optional<std::string>& locality) {
   BlockStored s;
   s.block_hashes = meta.block_hashes;
@@ -45,7 +45,7 @@ BlockStored EventTranslator::DescribedStored(const OffloadKey& key, const ChunkM
   s.token_ids = meta.token_ids;
   s.block_size = meta.block_size;
   s.lora_id = meta.lora_id;
-  s.medium = medium;
+  s.medium = std::string(MediumName(medium));
   s.lora_name = meta.lora_name;
   s.group_idx = key.group();
   s.kv_cache_spec_kind = meta.kv_cache_spec_kind;
@@ -84,10 +84,11 @@ void EventTranslator::Translate(const OffloadingEvent& event, std::vector<KvEven
     }
     if (index == out->size()) {
       BlockRemoved r;
-      r.medium = event.medium;
+      r.medium = std::string(MediumName(event.medium));
       r.group_idx = key.group();
       r.locality = event.locality;
-      if (!event.reason.empty()) r.reason = event.reason;
+      if (event.reason != RemovalReason::kNone)
+        r.reason = std::string(RemovalReasonName(event.reason));
       out->emplace_back(std::move(r));
       groups_.emplace_back(key.group(), index);
     }

@@ -46,11 +46,10 @@ class EventTranslator {
   size_t metadata_size() const { return entries_.size(); }
 
   // The two forms, for one key.
-  static BlockStored PlaceholderStored(const OffloadKey& key, const std::string& medium,
+  static BlockStored PlaceholderStored(const OffloadKey& key, Medium medium,
                                        const std::optional<std::string>& locality);
   static BlockStored DescribedStored(const OffloadKey& key, const ChunkMetadata& meta,
-                                     const std::string& medium,
-                                     const std::optional<std::string>& locality);
+                                     Medium medium, const std::optional<std::string>& locality);
 
  private:
   struct Entry {

@@ -5,17 +5,19 @@
 namespace kvo {
 namespace {
 
-Result<std::string> HexToBytes(const std::string& hex) {
-  std::string out;
-  auto nib = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out.push_back(static_cast<char>((nib(hex[i]) << 4) | nib(hex[i + 1])));
-  }
-  if (out.size() > OffloadKey::kMaxHashBytes) {
-    return Status::InvalidArgument("block hash " + hex + " longer than " +
+// The digest a file-tier key names (its hex validated on decode), within OffloadKey's bound.
+Result<BlockDigest> DigestOf(const FsBlockKey& key) {
+  KVO_ASSIGN_OR_RETURN(BlockDigest digest, BlockDigest::FromHex(key.hex));
+  if (digest.size() > OffloadKey::kMaxHashBytes) {
+    return Status::InvalidArgument("block hash " + key.hex + " longer than " +
                                    std::to_string(OffloadKey::kMaxHashBytes) + " bytes");
   }
-  return out;
+  return digest;
+}
+
+// The file tier's key for an OffloadKey: the digest's hex and the group.
+Result<FsBlockKey> FsKeyOf(const OffloadKey& k) {
+  return FsBlockKeyFromDigest(k.Digest().bytes(), k.group());
 }
 
 }  // namespace
@@ -29,7 +31,7 @@ Status FsTransport::Submit(const TransferJob& job, bool store) {
   std::vector<FsBlockKey> keys;
   std::vector<int64_t> slots(job.slots.begin(), job.slots.end());
   for (const OffloadKey& k : job.keys) {
-    KVO_ASSIGN_OR_RETURN(FsBlockKey fk, FsBlockKeyFromDigest(k.digest(), k.group()));
+    KVO_ASSIGN_OR_RETURN(FsBlockKey fk, FsKeyOf(k));
     keys.push_back(std::move(fk));
   }
   // Hold the lock across submission so a fast job cannot finish before it is registered.
@@ -81,7 +83,7 @@ void FsTransport::Drain() { tier_->WaitAll(); }
 Status FsTransport::Delete(std::span<const OffloadKey> keys) {
   Status first;
   for (const OffloadKey& k : keys) {
-    auto fk = FsBlockKeyFromDigest(k.digest(), k.group());
+    auto fk = FsKeyOf(k);
     Status s = fk.ok() ? tier_->Delete(*fk) : fk.status();
     if (!s.ok() && first.ok()) first = s;
   }
@@ -92,12 +94,12 @@ Status FsTransport::List(std::vector<OffloadKey>* out) {
   KVO_ASSIGN_OR_RETURN(FsScanResult scan, tier_->Scan());
   for (const std::string& p : scan.problems) KVO_LOG_WARN("fs tier scan: {}", p);
   for (const FsBlockKey& k : scan.blocks) {
-    auto bytes = HexToBytes(k.hex);
-    if (!bytes.ok()) {
-      KVO_LOG_WARN("fs tier scan: {}", bytes.status().message());
+    auto digest = DigestOf(k);
+    if (!digest.ok()) {
+      KVO_LOG_WARN("fs tier scan: {}", digest.status().message());
       continue;
     }
-    out->push_back(OffloadKey::FromDigest(*bytes, k.group));
+    out->push_back(OffloadKey::FromDigest(*digest, k.group));
   }
   return Status::Ok();
 }

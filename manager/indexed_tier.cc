@@ -163,14 +163,14 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
   return tier;
 }
 
-void IndexedTier::Emit(std::vector<OffloadKey> keys, bool removed, const char* reason) {
+void IndexedTier::Emit(std::vector<OffloadKey> keys, bool removed, RemovalReason reason) {
   if (!options_.enable_kv_events || keys.empty()) return;
   OffloadingEvent& e = events_.emplace_back();
   e.keys = std::move(keys);
-  e.medium = kMediumStorage;
+  e.medium = Medium::kStorage;
   e.removed = removed;
   e.locality = options_.locality;
-  if (reason != nullptr) e.reason = reason;
+  e.reason = reason;
 }
 
 LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& /*ctx*/) {
@@ -212,7 +212,7 @@ Status IndexedTier::SubmitStore(const TransferJob& job) {
   if (!evicted.empty()) {
     Status s = transport_->Delete(evicted);
     if (!s.ok()) KVO_LOG_WARN("tier '{}': deleting evicted blocks: {}", name(), s.ToString());
-    Emit(std::move(evicted), /*removed=*/true, kReasonEvicted);
+    Emit(std::move(evicted), /*removed=*/true, RemovalReason::kEvicted);
   }
   if (sub.keys.empty()) {
     JobResult r;
@@ -306,8 +306,8 @@ void IndexedTier::TakeFinishedJobs(std::vector<JobResult>* out) {
         all_ok = false;
       }
     }
-    Emit(std::move(stored), /*removed=*/false, nullptr);
-    Emit(std::move(lost), /*removed=*/true, kReasonFailed);
+    Emit(std::move(stored), /*removed=*/false, RemovalReason::kNone);
+    Emit(std::move(lost), /*removed=*/true, RemovalReason::kFailed);
     result.success = all_ok;
     if (!all_ok) result.successful_keys = std::move(ok);
     out->push_back(std::move(result));

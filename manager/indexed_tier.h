@@ -124,7 +124,7 @@ class IndexedTier final : public SecondaryTier {
  private:
   IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
               std::shared_ptr<TierTransport> transport);
-  void Emit(std::vector<OffloadKey> keys, bool removed, const char* reason);
+  void Emit(std::vector<OffloadKey> keys, bool removed, RemovalReason reason);
 
   struct Job {
     bool is_store = false;

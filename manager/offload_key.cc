@@ -13,32 +13,6 @@ OffloadKey OffloadKey::FromDigest(std::string_view digest, uint32_t group) {
   return k;
 }
 
-OffloadKey OffloadKey::FromWireHash(uint64_t hash, uint32_t group) {
-  OffloadKey k;
-  for (int i = 0; i < 8; ++i) k.bytes_[i] = static_cast<uint8_t>(hash >> (56 - 8 * i));
-  k.len_ = 8;
-  k.group_ = group;
-  return k;
-}
-
-uint64_t OffloadKey::Wire() const {
-  uint64_t v = 0;
-  size_t start = len_ > 8 ? len_ - 8 : 0;
-  for (size_t i = start; i < len_; ++i) v = (v << 8) | bytes_[i];
-  return v;
-}
-
-std::string OffloadKey::Hex() const {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(len_ * 2);
-  for (size_t i = 0; i < len_; ++i) {
-    out += kHex[bytes_[i] >> 4];
-    out += kHex[bytes_[i] & 15];
-  }
-  return out;
-}
-
 std::string OffloadKey::VllmBytes() const {
   std::string out(digest());
   for (int i = 3; i >= 0; --i) out += static_cast<char>(group_ >> (8 * i));

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "events/block_id.h"
 #include "events/event.h"
 
 namespace kvo {
@@ -21,20 +22,27 @@ class OffloadKey {
   OffloadKey() = default;
   // A raw digest (sha256: 32 bytes, xxh3-128: 16). REQUIRES: digest.size() <= kMaxHashBytes.
   static OffloadKey FromDigest(std::string_view digest, uint32_t group);
-  // A 64-bit wire hash (vLLM's default int form; Mooncake trace hash_ids), kept as 8 big-endian
-  // bytes so that FromDigest(last 8 bytes) and FromWireHash agree on Wire().
-  static OffloadKey FromWireHash(uint64_t hash, uint32_t group);
+  static OffloadKey FromDigest(const BlockDigest& digest, uint32_t group) {
+    return FromDigest(std::string_view(digest.bytes()), group);
+  }
+  // A 64-bit wire hash (vLLM's default int form; Mooncake trace hash_ids), kept as the 8-byte
+  // BlockDigest::FromLow64 so that FromDigest(last 8 bytes) and FromWireHash agree on Wire().
+  static OffloadKey FromWireHash(uint64_t hash, uint32_t group) {
+    return FromDigest(BlockDigest::FromLow64(hash), group);
+  }
 
   std::string_view digest() const { return {reinterpret_cast<const char*>(bytes_.data()), len_}; }
   // The digest's kMaxHashBytes bytes of storage, zero past digest().size() (every constructor
   // keeps that padding), for fixed-width hashing and comparison.
   const uint8_t* padded_bytes() const { return bytes_.data(); }
   uint32_t group() const { return group_; }
-  // vLLM's maybe_convert_block_hash: the low 64 bits (last 8 bytes, big-endian).
-  uint64_t Wire() const;
+  // The digest as the events module's identity type.
+  BlockDigest Digest() const { return BlockDigest(std::string(digest())); }
+  // vLLM's maybe_convert_block_hash: BlockDigest::Low64 of digest().
+  uint64_t Wire() const { return BlockDigest::Low64(digest()); }
   // The hash as it goes into events: the u64 wire form (vLLM's default).
   BlockHash EventHash() const { return BlockHash::Uint(Wire()); }
-  std::string Hex() const;  // lowercase hex of digest()
+  std::string Hex() const { return ToHex(digest()); }  // lowercase
 
   // vLLM's key bytes: digest + group.to_bytes(4, "big").
   std::string VllmBytes() const;

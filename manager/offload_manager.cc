@@ -38,17 +38,35 @@ void BucketCounts::Observe(const std::vector<double>& upper_bounds, double v) {
 
 namespace {
 
-size_t MediumIndex(std::string_view medium) {
-  for (size_t i = 0; i + 1 < EventCounts::kNumMedia; ++i) {
-    if (medium == EventCounts::kMedia[i]) return i;
+// Positions in EventCounts::kMedia / kKinds (the metric label names).
+size_t MediumIndex(Medium medium) {
+  switch (medium) {
+    case Medium::kCpu:
+      return 0;
+    case Medium::kStorage:
+      return 1;
+    case Medium::kGpu:
+      return 2;
+    case Medium::kOther:
+      break;
   }
   return EventCounts::kNumMedia - 1;
 }
 
 size_t KindIndex(const OffloadingEvent& e) {
   if (!e.removed) return 0;
-  for (size_t i = 1; i + 1 < EventCounts::kNumKinds; ++i) {
-    if (e.reason == EventCounts::kKinds[i]) return i;
+  switch (e.reason) {
+    case RemovalReason::kEvicted:
+      return 1;
+    case RemovalReason::kFailed:
+      return 2;
+    case RemovalReason::kCleared:
+      return 3;
+    case RemovalReason::kRestart:
+      return 4;
+    case RemovalReason::kNone:
+    case RemovalReason::kDemoted:
+      break;
   }
   return EventCounts::kNumKinds - 1;
 }
@@ -267,9 +285,9 @@ void OffloadManager::ResetCache() {
   if (ready.empty()) return;
   OffloadingEvent cleared;
   cleared.keys = std::move(ready);
-  cleared.medium = kMediumCpu;
+  cleared.medium = Medium::kCpu;
   cleared.removed = true;
-  cleared.reason = kReasonCleared;
+  cleared.reason = RemovalReason::kCleared;
   m.cpu.AddEvent(std::move(cleared));
   // The secondary tiers keep their data and their announcements.
 }

@@ -26,6 +26,7 @@
 #include "common/result.h"
 #include "events/event.h"
 #include "events/journal.h"
+#include "events/medium.h"
 #include "events/zmq_publisher.h"
 #include "manager/cache_policy.h"
 #include "manager/offload_key.h"
@@ -40,10 +41,10 @@ const char* LookupResultName(LookupResult r);  // "MISS" | "HIT" | "HIT_PENDING"
 // a secondary tier in on_new_request) also cascades chunks the CPU tier already holds.
 enum class OffloadPolicy { kBlockLevel, kRequestLevel };
 
-// vLLM's TierMatcher: an unset field matches anything. medium "CPU" | "STORAGE", locality
+// vLLM's TierMatcher: an unset field matches anything. medium kCpu | kStorage, locality
 // "LOCAL" | "REMOTE" (normalised upper case; see ParseLoadTierFilter in manager/request_params.h).
 struct TierMatcher {
-  std::optional<std::string> medium;
+  std::optional<Medium> medium;
   std::optional<std::string> locality;
 };
 
@@ -66,20 +67,16 @@ struct PrepareStoreOutput {
   std::vector<OffloadKey> evicted_keys;
 };
 
-// Removal reasons (the kvo `reason` extension of BlockRemoved; vLLM decoders ignore it).
-inline constexpr char kReasonEvicted[] = "evicted";
-inline constexpr char kReasonFailed[] = "failed";
-inline constexpr char kReasonCleared[] = "cleared";
-inline constexpr char kReasonRestart[] = "restart";
-
 // vLLM's OffloadingEvent, plus the removal reason and the tier that emitted it.
 struct OffloadingEvent {
   std::vector<OffloadKey> keys;
-  std::string medium;  // kMediumCpu | kMediumStorage
+  Medium medium = Medium::kCpu;  // kCpu | kStorage
   bool removed = false;
   std::optional<std::string> locality;
-  std::string reason;  // removals only: kReasonEvicted | kReasonFailed | kReasonCleared | ...
-  int32_t tier = 0;    // 0: the CPU primary tier; i + 1: secondary tier i
+  // Removals only (the kvo `reason` extension of BlockRemoved; vLLM decoders ignore it):
+  // kEvicted | kFailed | kCleared | kRestart; kNone when none is given.
+  RemovalReason reason = RemovalReason::kNone;
+  int32_t tier = 0;  // 0: the CPU primary tier; i + 1: secondary tier i
 
   friend bool operator==(const OffloadingEvent&, const OffloadingEvent&) = default;
 };

@@ -115,7 +115,7 @@ Result<Json> RunOp(OffloadManager& m, const Json& line) {
     for (const OffloadingEvent& e : m.TakeEvents()) {
       Json j;
       j["keys"] = Hexes(e.keys);
-      j["medium"] = e.medium;
+      j["medium"] = std::string(MediumName(e.medium));
       j["removed"] = e.removed;
       events.push_back(std::move(j));
     }

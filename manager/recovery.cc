@@ -34,15 +34,15 @@ ChunkMetadata MetadataOf(const BlockStored& s) {
 class Removals {
  public:
   explicit Removals(std::vector<KvEvent>* out) : out_(out) {}
-  void Add(const std::string& medium, int64_t group, const std::optional<std::string>& residency,
-           uint64_t hash, int64_t count) {
+  void Add(Medium medium, int64_t group, const std::optional<std::string>& residency, uint64_t hash,
+           int64_t count) {
     auto [it, inserted] = index_.emplace(std::make_tuple(medium, group, residency), out_->size());
     if (inserted) {
       BlockRemoved r;
-      r.medium = medium;
+      r.medium = std::string(MediumName(medium));
       r.group_idx = group;
       r.locality = residency;
-      r.reason = kReasonRestart;
+      r.reason = std::string(RemovalReasonName(RemovalReason::kRestart));
       out_->emplace_back(std::move(r));
     }
     auto& removed = std::get<BlockRemoved>((*out_)[it->second]);
@@ -53,7 +53,7 @@ class Removals {
 
  private:
   std::vector<KvEvent>* out_;
-  std::map<std::tuple<std::string, int64_t, std::optional<std::string>>, size_t> index_;
+  std::map<std::tuple<Medium, int64_t, std::optional<std::string>>, size_t> index_;
   uint64_t blocks_ = 0;
 };
 
@@ -75,9 +75,10 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
   // 2. The STORAGE announcements still open, to be matched with the tiers' blocks.
   std::map<ResidentBlock, int64_t> open;
   for (const FoldEntry& e : journaled.fold().Entries()) {
-    if (e.medium == kMediumCpu) {
-      removals.Add(kMediumCpu, e.group, e.residency, e.hash, e.refcount);
-    } else if (e.medium == kMediumStorage) {
+    const Medium medium = MediumFromName(e.medium);
+    if (medium == Medium::kCpu) {
+      removals.Add(Medium::kCpu, e.group, e.residency, e.hash, e.refcount);
+    } else if (medium == Medium::kStorage) {
       open[{e.group, e.hash, e.residency}] += e.refcount;
     }
   }
@@ -118,19 +119,17 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
       if (take(key.group(), {key.Wire()}, t.locality())) continue;
       if (m.translator.self_describing() && described != nullptr) {
         ChunkMetadata meta = MetadataOf(*described);
-        stores.emplace_back(
-            EventTranslator::DescribedStored(key, meta, std::string(t.medium()), t.locality()));
+        stores.emplace_back(EventTranslator::DescribedStored(key, meta, t.medium(), t.locality()));
         m.translator.Adopt(key, std::move(meta), tier);
       } else {
-        stores.emplace_back(
-            EventTranslator::PlaceholderStored(key, std::string(t.medium()), t.locality()));
+        stores.emplace_back(EventTranslator::PlaceholderStored(key, t.medium(), t.locality()));
       }
     }
   }
   for (const auto& [block, count] : open) {
     if (count <= 0) continue;
     const auto& [group, hash, residency] = block;
-    removals.Add(kMediumStorage, group, residency, hash, count);
+    removals.Add(Medium::kStorage, group, residency, hash, count);
   }
   const uint64_t announced_chunks = stores.size();
   const uint64_t removed_blocks = removals.blocks() - cpu_blocks;

@@ -77,14 +77,15 @@ std::optional<std::vector<TierMatcher>> ParseLoadTierFilter(const nlohmann::json
       }
       const std::string value = Upper(v.get<std::string>());
       if (k == "medium") {
-        if (value != kMediumCpu && value != kMediumStorage) {
+        const Medium medium = MediumFromName(value);
+        if (medium != Medium::kCpu && medium != Medium::kStorage) {
           Warn(where + ".medium must be 'cpu' or 'storage', got " + DescribeJson(v) +
                    "; entry skipped",
                warnings);
           bad = true;
           break;
         }
-        m.medium = value;
+        m.medium = medium;
       } else {
         if (value != "LOCAL" && value != "REMOTE") {
           Warn(where + ".locality must be 'local' or 'remote', got " + DescribeJson(v) +

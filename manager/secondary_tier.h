@@ -47,7 +47,7 @@ class SecondaryTier {
   virtual ~SecondaryTier() = default;
 
   virtual const std::string& name() const = 0;  // e.g. "fs": stats label
-  virtual std::string_view medium() const { return kMediumStorage; }
+  virtual Medium medium() const { return Medium::kStorage; }
   virtual const std::optional<std::string>& locality() const = 0;  // "LOCAL" | "REMOTE" | unset
 
   // kMiss, kHit or kRetry (the answer is not known yet; vLLM's FS tier answers RETRY on the first

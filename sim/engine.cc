@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "common/file_system.h"
+#include "common/hex.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
@@ -47,12 +48,7 @@ const char* MediumName(int m) {
   return m >= 0 && m < kNumMedia ? kNames[m] : "?";
 }
 
-std::string HashHex(uint64_t h) {
-  static const char* kHex = "0123456789abcdef";
-  std::string s(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) s[static_cast<size_t>(i)] = kHex[h & 15];
-  return s;
-}
+std::string HashHex(uint64_t h) { return HexU64(h); }
 
 std::string SetDigest(const std::vector<uint64_t>& hashes) {
   uint64_t sum = 0;

@@ -28,7 +28,7 @@ Status RunTour(int batches, bool json) {
   for (int64_t t = 0; t < 16 * 4; ++t) prompt.push_back(1000 + t * 7);
   KVO_ASSIGN_OR_RETURN(std::vector<std::string> digests, HashBlocks(prompt, ho));
   std::vector<BlockHash> hashes;
-  for (const std::string& d : digests) hashes.push_back(BlockHash::Uint(WireHash(d)));
+  for (const std::string& d : digests) hashes.push_back(BlockHash::Uint(BlockDigest::Low64(d)));
   std::printf("# block hashes (sha256_cbor, seed \"0\", block_size 16) of a 64-token prompt:");
   for (const BlockHash& h : hashes) std::printf(" %s", h.ToString().c_str());
   std::printf("\n");

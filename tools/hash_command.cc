@@ -116,11 +116,12 @@ Status RunHash(const HashArgs& args, bool have_seed, bool have_tokens) {
       nlohmann::ordered_json line;
       line["block"] = i;
       line["hash"] = hex;
-      line["wire_hash"] = WireHash(hashes[i]);
+      line["wire_hash"] = BlockDigest::Low64(hashes[i]);
       line["parent"] = ToHex(i == 0 ? options.none_hash : hashes[i - 1]);
       out += line.dump() + "\n";
     } else {
-      out += std::to_string(i) + " " + hex + " " + std::to_string(WireHash(hashes[i])) + "\n";
+      out += std::to_string(i) + " " + hex + " " + std::to_string(BlockDigest::Low64(hashes[i])) +
+             "\n";
     }
   }
   std::fwrite(out.data(), 1, out.size(), stdout);

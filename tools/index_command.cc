@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hex.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "events/events.h"
@@ -85,7 +86,7 @@ Result<std::vector<uint64_t>> ParseHashList(const std::string& text) {
         return Status::InvalidArgument("--block-hashes: '" + item +
                                        "' is neither a u64 nor a hex digest");
       }
-      out.push_back(WireHash(*raw));
+      out.push_back(BlockDigest::Low64(*raw));
     }
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -416,11 +417,7 @@ Status RunDump(const std::string& db, const std::string& source, int64_t limit) 
   return Status::Ok();
 }
 
-std::string Hex64(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+std::string Hex64(uint64_t v) { return HexU64(v); }
 
 Status RunExplain(const std::string& db, const QueryArgs& a, bool json) {
   KVO_ASSIGN_OR_RETURN(ScoreQuery q, BuildQuery(a));

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/hex.h"
 #include "common/json.h"
 #include "transfer/fs_file.h"
 
@@ -30,12 +31,7 @@ bool DigestMatches(const std::string& config_text, const std::string& ns_name,
   const std::string compact = j.dump(-1, ' ', true);
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(compact.data()), compact.size(), md);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string digest;
-  for (int i = 0; i < 6; ++i) {
-    digest += kHex[md[i] >> 4];
-    digest += kHex[md[i] & 15];
-  }
+  const std::string digest = ToHex(std::string_view(reinterpret_cast<const char*>(md), 6));
   return ns_name.size() > 13 && ns_name.substr(ns_name.size() - 13) == "_" + digest;
 }
 

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "common/hex.h"
 #include "common/json.h"
 
 namespace kvo {
@@ -69,13 +70,7 @@ Result<std::string> FsNamespaceDigest(const FsRunFields& fields) {
   KVO_ASSIGN_OR_RETURN(std::string compact, FsFieldsCompactJson(fields));
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(compact.data()), compact.size(), md);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < 6; ++i) {
-    out += kHex[md[i] >> 4];
-    out += kHex[md[i] & 15];
-  }
-  return out;
+  return ToHex(std::string_view(reinterpret_cast<const char*>(md), 6));
 }
 
 Result<std::string> FsNamespaceName(const FsRunFields& fields) {
@@ -112,13 +107,7 @@ Result<FsBlockKey> MakeFsBlockKey(std::string_view hex, uint32_t group) {
 }
 
 Result<FsBlockKey> FsBlockKeyFromDigest(std::string_view digest, uint32_t group) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned char c : digest) {
-    hex += kHex[c >> 4];
-    hex += kHex[c & 15];
-  }
-  return MakeFsBlockKey(hex, group);
+  return MakeFsBlockKey(ToHex(digest), group);
 }
 
 std::string FsBlockDir1(const FsBlockKey& key) { return key.hex.substr(0, 3); }

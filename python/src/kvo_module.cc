@@ -202,7 +202,7 @@ PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
       }
       PyList_SET_ITEM(o->keys, static_cast<Py_ssize_t>(j), k);
     }
-    o->medium = CachedStr(e.medium);
+    o->medium = CachedStr(std::string(MediumName(e.medium)));
     o->removed = PyBool_FromLong(e.removed ? 1 : 0);
     if (e.locality) {
       o->locality = CachedStr(*e.locality);
@@ -210,7 +210,7 @@ PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
       Py_INCREF(Py_None);
       o->locality = Py_None;
     }
-    o->reason = CachedStr(e.reason);
+    o->reason = CachedStr(std::string(RemovalReasonName(e.reason)));
     o->tier = PyLong_FromLong(e.tier);
     if (o->medium == nullptr || o->locality == nullptr || o->reason == nullptr ||
         o->tier == nullptr) {

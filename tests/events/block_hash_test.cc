@@ -100,11 +100,11 @@ TEST(BlockHashTest, NoneHashSeedRule) {
   auto s =
       HashBlock(HashAlgo::kSha256, NoneHash(HashAlgo::kSha256, kDefaultNoneHashSeed), b0, nullptr);
   ASSERT_TRUE(s.ok());
-  EXPECT_EQ(WireHash(*s), 1882140585328457242ull);
+  EXPECT_EQ(BlockDigest::Low64(*s), 1882140585328457242ull);
   auto c = HashBlock(HashAlgo::kSha256Cbor, NoneHash(HashAlgo::kSha256Cbor, kDefaultNoneHashSeed),
                      b0, nullptr);
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(WireHash(*c), 9561501211280363793ull);
+  EXPECT_EQ(BlockDigest::Low64(*c), 9561501211280363793ull);
 }
 
 // Golden vectors for the xxhash variants, PYTHONHASHSEED=0, computed once with Debian's Python
@@ -140,11 +140,11 @@ TEST(BlockHashTest, XxhashVectors) {
     ASSERT_TRUE(h0.ok());
     EXPECT_EQ(Hex(h.LastPreimage()), v.preimage0);
     EXPECT_EQ(Hex(*h0), v.h0);
-    EXPECT_EQ(WireHash(*h0), v.w0);
+    EXPECT_EQ(BlockDigest::Low64(*h0), v.w0);
     auto h1 = h.Hash(*h0, std::vector<int64_t>{5, 6, 7, 8}, nullptr);
     ASSERT_TRUE(h1.ok());
     EXPECT_EQ(Hex(*h1), v.h1);
-    EXPECT_EQ(WireHash(*h1), v.w1);
+    EXPECT_EQ(BlockDigest::Low64(*h1), v.w1);
   }
 }
 
@@ -158,12 +158,12 @@ TEST(BlockHashTest, Sha256Vectors) {
   EXPECT_EQ(Hex(*h0).substr(0, 8), "762b2e7e");
   EXPECT_EQ(Hex(*h0).substr(56), "23bae91d");
   EXPECT_EQ(Hex(*h0), "762b2e7e1520febd3a0aedb7358e8602facf3924440e18538fce057e23bae91d");
-  EXPECT_EQ(WireHash(*h0), 10362225831949560093ull);
+  EXPECT_EQ(BlockDigest::Low64(*h0), 10362225831949560093ull);
   auto h1 = HashBlock(HashAlgo::kSha256, *h0, b1, nullptr);
   ASSERT_TRUE(h1.ok());
   EXPECT_EQ(Hex(*h1).substr(0, 8), "9e62b5a7");
   EXPECT_EQ(Hex(*h1).substr(56), "2a2b036b");
-  EXPECT_EQ(WireHash(*h1), 12472515041799373675ull);
+  EXPECT_EQ(BlockDigest::Low64(*h1), 12472515041799373675ull);
 }
 
 TEST(BlockHashTest, Sha256CborVectors) {
@@ -175,12 +175,12 @@ TEST(BlockHashTest, Sha256CborVectors) {
   ASSERT_TRUE(h0.ok()) << h0.status().ToString();
   EXPECT_EQ(Hex(*h0).substr(0, 8), "c9d58ba6");
   EXPECT_EQ(Hex(*h0).substr(56), "8ef071cb");
-  EXPECT_EQ(WireHash(*h0), 2164874634404590027ull);
+  EXPECT_EQ(BlockDigest::Low64(*h0), 2164874634404590027ull);
   auto h1 = HashBlock(HashAlgo::kSha256Cbor, *h0, b1, nullptr);
   ASSERT_TRUE(h1.ok());
   EXPECT_EQ(Hex(*h1).substr(0, 8), "24125b23");
   EXPECT_EQ(Hex(*h1).substr(56), "154ab2d6");
-  EXPECT_EQ(WireHash(*h1), 17270480062156288726ull);
+  EXPECT_EQ(BlockDigest::Low64(*h1), 17270480062156288726ull);
 }
 
 TEST(BlockHashTest, HashBlocksChainsFullBlocksOnly) {
@@ -193,9 +193,9 @@ TEST(BlockHashTest, HashBlocksChainsFullBlocksOnly) {
     auto hashes = HashBlocks(tokens, options);
     ASSERT_TRUE(hashes.ok()) << hashes.status().ToString();
     ASSERT_EQ(hashes->size(), 2u);
-    EXPECT_EQ(WireHash((*hashes)[0]),
+    EXPECT_EQ(BlockDigest::Low64((*hashes)[0]),
               algo == HashAlgo::kSha256 ? 10362225831949560093ull : 2164874634404590027ull);
-    EXPECT_EQ(WireHash((*hashes)[1]),
+    EXPECT_EQ(BlockDigest::Low64((*hashes)[1]),
               algo == HashAlgo::kSha256 ? 12472515041799373675ull : 17270480062156288726ull);
     // Nil extra keys, and entries past the last full block, change nothing.
     options.extra_keys = {Value{}, Value{}, Tuple({Str("ignored")})};
@@ -228,7 +228,8 @@ TEST(BlockHashTest, HashBlocksWireEqualsTheDigestChain) {
     ASSERT_EQ(wire->size(), 40u);
     ASSERT_EQ(digests->size(), 40u);
     for (size_t i = 0; i < 40; ++i) {
-      EXPECT_EQ((*wire)[i], WireHash((*digests)[i])) << HashAlgoName(algo) << " block " << i;
+      EXPECT_EQ((*wire)[i], BlockDigest::Low64((*digests)[i]))
+          << HashAlgoName(algo) << " block " << i;
       EXPECT_EQ((*digests)[i].size(), DigestSize(algo));
     }
     options.block_size = 0;
@@ -417,9 +418,9 @@ TEST(BlockHashTest, RejectsUnsupportedExtraKeys) {
 TEST(BlockHashTest, WireHashAndHex) {
   std::string d(32, '\0');
   for (int i = 0; i < 32; ++i) d[i] = static_cast<char>(i);
-  EXPECT_EQ(WireHash(d), 0x18191a1b1c1d1e1full);
-  EXPECT_EQ(WireHash(std::string("\x01\x02", 2)), 0x0102u);
-  EXPECT_EQ(WireHash(""), 0u);
+  EXPECT_EQ(BlockDigest::Low64(d), 0x18191a1b1c1d1e1full);
+  EXPECT_EQ(BlockDigest::Low64(std::string("\x01\x02", 2)), 0x0102u);
+  EXPECT_EQ(BlockDigest::Low64(""), 0u);
   EXPECT_EQ(ToHex(std::string("\x00\xab\xff", 3)), "00abff");
   auto p = ParseHex("00ABff");
   ASSERT_TRUE(p.ok());

@@ -7,20 +7,13 @@
 #include <string>
 #include <string_view>
 
+#include "common/hex.h"
 #include "events/codec.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {
 
-std::string Hex(std::string_view s) {
-  static const char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : s.substr(0, 512)) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
+std::string Hex(std::string_view s) { return kvo::ToHex(s.substr(0, 512)); }
 
 }  // namespace
 

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/hex.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "transfer/fs_inspect.h"
 #include "transfer/fs_namespace.h"
@@ -34,13 +35,7 @@ std::string g_root;
 std::string Digest12(const std::string& text) {
   unsigned char md[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), md);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < 6; ++i) {
-    out += kHex[md[i] >> 4];
-    out += kHex[md[i] & 15];
-  }
-  return out;
+  return kvo::ToHex(std::string_view(reinterpret_cast<const char*>(md), 6));
 }
 
 // Writes <root>/<ns>/config.json and returns the inspection of the root.

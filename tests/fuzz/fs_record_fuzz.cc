@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/hex.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "transfer/fs_file.h"
 
@@ -95,7 +96,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::filesystem::create_directories(dir_path);
   auto dir = fsi::OpenRootDir(dir_path);
   FUZZ_CHECK(dir.ok(), "%s", dir.status().ToString().c_str());
-  const std::string name = "0123456789abcdef.bin";
+  const std::string name = std::string(kvo::kHexDigits) + ".bin";
   auto place = [&] {
     WriteRaw(dir_path + "/" + name, body);
     if (has_record) WriteRaw(dir_path + "/" + name + fsi::kSidecarSuffix, record);

@@ -36,8 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& w : warnings) FUZZ_CHECK_MESSAGE(w);
   if (tiers) {
     for (const kvo::TierMatcher& m : *tiers) {
-      FUZZ_CHECK(!m.medium || *m.medium == "CPU" || *m.medium == "STORAGE", "medium %s",
-                 m.medium->c_str());
+      FUZZ_CHECK(!m.medium || *m.medium == kvo::Medium::kCpu || *m.medium == kvo::Medium::kStorage,
+                 "medium %s", std::string(kvo::MediumName(*m.medium)).c_str());
       FUZZ_CHECK(!m.locality || *m.locality == "LOCAL" || *m.locality == "REMOTE", "locality %s",
                  m.locality->c_str());
     }

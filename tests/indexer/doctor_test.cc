@@ -36,7 +36,8 @@ BlockStored EngineStore(HashAlgo algo, const std::string& seed, size_t block_siz
   auto digests = HashBlocks(tokens, o);
   EXPECT_TRUE(digests.ok()) << digests.status().ToString();
   BlockStored s;
-  for (const std::string& d : *digests) s.block_hashes.push_back(BlockHash::Uint(WireHash(d)));
+  for (const std::string& d : *digests)
+    s.block_hashes.push_back(BlockHash::Uint(BlockDigest::Low64(d)));
   s.token_ids = tokens;
   s.block_size = static_cast<int64_t>(block_size);
   s.medium = kMediumGpu;

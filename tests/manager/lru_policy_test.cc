@@ -296,7 +296,7 @@ TEST(LruPolicyTest, GrowsPastCapacityWithStablePointers) {
 TEST(LruPolicyTest, IdenticalHashesStayCorrect) {
   std::vector<OffloadKey> keys;
   for (uint32_t g = 0; g < 200; ++g) {
-    const uint64_t w = 0x0123456789abcdefULL ^ (uint64_t{g} << 8);
+    const uint64_t w = 0x0123'4567'89ab'cdefULL ^ (uint64_t{g} << 8);
     std::string d(8, '\0');
     std::memcpy(d.data(), &w, 8);
     keys.push_back(OffloadKey::FromDigest(d, g));

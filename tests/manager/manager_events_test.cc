@@ -93,7 +93,7 @@ TEST(ManagerEventsTest, RemovalsAreGroupedByGroupAndPrecedeTheStore) {
   EXPECT_EQ(r0.block_hashes,
             (std::vector<BlockHash>{BlockHash::Uint(K(1).Wire()), BlockHash::Uint(K(3).Wire())}));
   EXPECT_EQ(r0.medium, kMediumCpu);
-  EXPECT_EQ(r0.reason, kReasonEvicted);
+  EXPECT_EQ(r0.reason, RemovalReasonName(RemovalReason::kEvicted));
   const auto& r1 = std::get<BlockRemoved>(events[1]);
   EXPECT_EQ(r1.group_idx, 1);
   EXPECT_EQ(r1.block_hashes, std::vector<BlockHash>{BlockHash::Uint(K(2, 1).Wire())});
@@ -192,7 +192,8 @@ TEST(ManagerEventsTest, ResetIsACpuRemovalThatConsumersUnderstand) {
   const auto* removed = std::get_if<BlockRemoved>(&events[1]);
   ASSERT_NE(removed, nullptr);
   EXPECT_EQ(removed->medium, std::optional<std::string>(kMediumCpu));
-  EXPECT_EQ(removed->reason, std::optional<std::string>(kReasonCleared));
+  EXPECT_EQ(removed->reason,
+            std::optional<std::string>(RemovalReasonName(RemovalReason::kCleared)));
   KvEventFold fold;
   for (const KvEvent& e : events) fold.Apply(e);
   EXPECT_EQ(fold.size(), 0u);
@@ -231,7 +232,8 @@ TEST(ManagerEventsTest, PublishEventsAppendsOneBatchPerCallToTheJournal) {
   EXPECT_EQ(batches[0].data_parallel_rank, 0);
   ASSERT_EQ(batches[1].events.size(), 2u);  // eviction of 1, then the store of 3
   EXPECT_TRUE(std::holds_alternative<BlockRemoved>(batches[1].events[0]));
-  EXPECT_EQ(std::get<BlockRemoved>(batches[1].events[0]).reason, kReasonEvicted);
+  EXPECT_EQ(std::get<BlockRemoved>(batches[1].events[0]).reason,
+            RemovalReasonName(RemovalReason::kEvicted));
 
   auto fold = ReplayJournal(**journal);
   ASSERT_TRUE(fold.ok());

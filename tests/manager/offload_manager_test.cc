@@ -77,7 +77,7 @@ void ExpectEvents(OffloadManager& m, std::vector<std::set<int>> stores,
                   std::vector<std::set<int>> evictions) {
   std::vector<std::set<std::string>> got_stores, got_evictions;
   for (const OffloadingEvent& e : m.TakeEvents()) {
-    EXPECT_EQ(e.medium, kMediumCpu);
+    EXPECT_EQ(e.medium, Medium::kCpu);
     std::set<std::string> keys;
     for (const OffloadKey& k : e.keys) keys.insert(std::string(k.digest()));
     (e.removed ? got_evictions : got_stores).push_back(keys);
@@ -151,7 +151,7 @@ TEST(OffloadManagerTest, EvictionIsAnnouncedBeforeTheStoreReusingItsSlot) {
   std::vector<OffloadingEvent> events = m->TakeEvents();
   ASSERT_EQ(events.size(), 2u);
   EXPECT_TRUE(events[0].removed);
-  EXPECT_EQ(events[0].reason, kReasonEvicted);
+  EXPECT_EQ(events[0].reason, RemovalReason::kEvicted);
   EXPECT_EQ(events[0].keys, Ks({1}));
   EXPECT_FALSE(events[1].removed);
   EXPECT_EQ(events[1].keys, Ks({3}));
@@ -466,8 +466,8 @@ TEST(OffloadManagerTest, ResetClearsEverythingAndAnnouncesTheReadyCpuBlocksRemov
   // One CPU removal of what was announced (3 was still being written: never announced).
   ASSERT_EQ(events.size(), 1u);
   EXPECT_TRUE(events[0].removed);
-  EXPECT_EQ(events[0].medium, kMediumCpu);
-  EXPECT_EQ(events[0].reason, kReasonCleared);
+  EXPECT_EQ(events[0].medium, Medium::kCpu);
+  EXPECT_EQ(events[0].reason, RemovalReason::kCleared);
   EXPECT_EQ(events[0].keys, Ks({1, 2}));  // slot order
   // Slots start over from 0 after a reset.
   ExpectStore(Store(*m, Ks({5})), {5}, {0}, {});

@@ -318,7 +318,7 @@ TEST_P(RecoveryTest, RestartAnnouncesCpuRemovalsWithReasonRestart) {
   for (const KvEvent& e : batch->events) {
     const auto& r = std::get<BlockRemoved>(e);
     EXPECT_EQ(r.medium, kMediumCpu);
-    EXPECT_EQ(r.reason, kReasonRestart);
+    EXPECT_EQ(r.reason, RemovalReasonName(RemovalReason::kRestart));
     EXPECT_EQ(r.block_hashes.size(), self_describing() ? 1u : 1u);
   }
 }

@@ -75,7 +75,7 @@ TEST(RequestParamsTest, LoadTierFilter) {
                                       {{"locality", "REMOTE"}}})}});
   ASSERT_TRUE(f.has_value());
   ASSERT_EQ(f->size(), 2u);  // the bad entry is skipped
-  EXPECT_EQ((*f)[0].medium, "STORAGE");
+  EXPECT_EQ((*f)[0].medium, Medium::kStorage);
   EXPECT_EQ((*f)[0].locality, "LOCAL");
   EXPECT_EQ((*f)[1].medium, std::nullopt);
   EXPECT_EQ((*f)[1].locality, "REMOTE");

@@ -39,11 +39,11 @@ const RequestContext kCtx = Ctx("test");
 // jobs finish at once (sync) or when Finish() is called; every call is logged.
 class FakeTier final : public SecondaryTier {
  public:
-  FakeTier(std::string name, std::vector<std::string>* log, std::string medium = kMediumStorage)
-      : name_(std::move(name)), medium_(std::move(medium)), log_(log) {}
+  FakeTier(std::string name, std::vector<std::string>* log, Medium medium = Medium::kStorage)
+      : name_(std::move(name)), medium_(medium), log_(log) {}
 
   const std::string& name() const override { return name_; }
-  std::string_view medium() const override { return medium_; }
+  Medium medium() const override { return medium_; }
   const std::optional<std::string>& locality() const override { return locality_; }
   LookupResult Lookup(const OffloadKey& key, const RequestContext& /*ctx*/) override {
     ++lookups;
@@ -92,7 +92,7 @@ class FakeTier final : public SecondaryTier {
   }
 
   std::string name_;
-  std::string medium_;
+  Medium medium_;
   std::optional<std::string> locality_;
   std::vector<std::string>* log_;
   std::set<std::string> blocks;
@@ -237,7 +237,7 @@ TEST_F(TieringTest, PromotionEventIsAnOrdinaryCpuStore) {
   m_->OnScheduleEnd();
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].medium, kMediumCpu);
+  EXPECT_EQ(events[0].medium, Medium::kCpu);
   EXPECT_FALSE(events[0].removed);
   EXPECT_EQ(events[0].keys, std::vector<OffloadKey>{K(7)});
 }
@@ -444,7 +444,8 @@ TEST_F(TieringTest, ResetDrainsTiersAndDropsUnsubmittedPromotions) {
 TEST_F(TieringTest, ResetRemovesTheCpuBlocksAndKeepsTheTiersAnnouncements) {
   Store(Range(0, 2));
   m_->TakeEvents();
-  T(0).events.push_back(OffloadingEvent{Range(0, 2), kMediumStorage, false, {}, "", 0});
+  T(0).events.push_back(
+      OffloadingEvent{Range(0, 2), Medium::kStorage, false, {}, RemovalReason::kNone, 0});
   m_->ResetCache();
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   // The tier's queued store first, then one CPU removal of the ready blocks; the blocks the tiers
@@ -454,8 +455,8 @@ TEST_F(TieringTest, ResetRemovesTheCpuBlocksAndKeepsTheTiersAnnouncements) {
   EXPECT_FALSE(events[0].removed);
   EXPECT_EQ(events[1].tier, 0);
   EXPECT_TRUE(events[1].removed);
-  EXPECT_EQ(events[1].medium, kMediumCpu);
-  EXPECT_EQ(events[1].reason, kReasonCleared);
+  EXPECT_EQ(events[1].medium, Medium::kCpu);
+  EXPECT_EQ(events[1].reason, RemovalReason::kCleared);
   EXPECT_EQ(events[1].keys, Range(0, 2));
 }
 
@@ -463,8 +464,8 @@ TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
   Store(Range(0, 1));
   T(0).blocks.insert(std::string(K(1).digest()));
   FakeTier& cpu_like = T(0);
-  cpu_like.medium_ = kMediumCpu;  // like vLLM's example tier
-  for (auto filter : {std::vector<TierMatcher>{TierMatcher{kMediumStorage, std::nullopt}},
+  cpu_like.medium_ = Medium::kCpu;  // like vLLM's example tier
+  for (auto filter : {std::vector<TierMatcher>{TierMatcher{Medium::kStorage, std::nullopt}},
                       std::vector<TierMatcher>{}}) {
     RequestContext ctx = Ctx("r1");
     ctx.load_tier_filter = filter;
@@ -474,10 +475,10 @@ TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
     EXPECT_EQ(cpu_like.lookups, before);
   }
   for (auto filter : {std::optional<std::vector<TierMatcher>>{},
-                      std::optional<std::vector<TierMatcher>>{{TierMatcher{kMediumCpu, {}}}},
+                      std::optional<std::vector<TierMatcher>>{{TierMatcher{Medium::kCpu, {}}}},
                       std::optional<std::vector<TierMatcher>>{{TierMatcher{}}}}) {
     Build(5);
-    T(0).medium_ = kMediumCpu;
+    T(0).medium_ = Medium::kCpu;
     T(0).blocks.insert(std::string(K(1).digest()));
     RequestContext ctx = Ctx("r2");
     ctx.load_tier_filter = filter;
@@ -487,12 +488,14 @@ TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
 }
 
 TEST_F(TieringTest, EventsComePrimaryFirstThenEachTier) {
-  T(0).events.push_back(OffloadingEvent{Range(2, 3), kMediumStorage, false, {}, "", 0});
-  T(1).events.push_back(OffloadingEvent{Range(3, 4), kMediumStorage, true, {}, "evicted", 0});
+  T(0).events.push_back(
+      OffloadingEvent{Range(2, 3), Medium::kStorage, false, {}, RemovalReason::kNone, 0});
+  T(1).events.push_back(
+      OffloadingEvent{Range(3, 4), Medium::kStorage, true, {}, RemovalReason::kEvicted, 0});
   Store(Range(1, 2));
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   ASSERT_EQ(events.size(), 3u);
-  EXPECT_EQ(events[0].medium, kMediumCpu);
+  EXPECT_EQ(events[0].medium, Medium::kCpu);
   EXPECT_EQ(events[0].tier, 0);
   EXPECT_EQ(events[1].keys, Range(2, 3));
   EXPECT_EQ(events[1].tier, 1);
@@ -549,7 +552,7 @@ class IndexedTierTest : public ::testing::Test {
   std::vector<OffloadingEvent> Storage() {
     std::vector<OffloadingEvent> out;
     for (OffloadingEvent& e : m_->TakeEvents()) {
-      if (e.medium == kMediumStorage) out.push_back(std::move(e));
+      if (e.medium == Medium::kStorage) out.push_back(std::move(e));
     }
     return out;
   }
@@ -589,7 +592,7 @@ TEST_F(IndexedTierTest, ABoundedTierEvictsByItsPolicyAndPublishesRemovals) {
   std::vector<OffloadingEvent> events = Storage();
   ASSERT_EQ(events.size(), 1u);  // the removal comes at submission, before the store lands
   EXPECT_TRUE(events[0].removed);
-  EXPECT_EQ(events[0].reason, kReasonEvicted);
+  EXPECT_EQ(events[0].reason, RemovalReason::kEvicted);
   EXPECT_EQ(events[0].keys, (std::vector<OffloadKey>{K(1), K(2)}));
   EXPECT_EQ(transport_->deleted, (std::vector<OffloadKey>{K(1), K(2)}));
   transport_->FinishAll();
@@ -643,11 +646,11 @@ TEST_F(IndexedTierTest, PromotionThroughTheTierAndACorruptBlockIsDroppedAndPubli
   m_->OnScheduleEnd();
   std::vector<OffloadingEvent> all = m_->TakeEvents();
   ASSERT_EQ(all.size(), 2u);
-  EXPECT_EQ(all[0].medium, kMediumCpu);  // 0 landed in CPU
+  EXPECT_EQ(all[0].medium, Medium::kCpu);  // 0 landed in CPU
   EXPECT_EQ(all[0].keys, std::vector<OffloadKey>{K(0)});
-  EXPECT_EQ(all[1].medium, kMediumStorage);  // 1 was corrupt: dropped and announced
+  EXPECT_EQ(all[1].medium, Medium::kStorage);  // 1 was corrupt: dropped and announced
   EXPECT_TRUE(all[1].removed);
-  EXPECT_EQ(all[1].reason, kReasonFailed);
+  EXPECT_EQ(all[1].reason, RemovalReason::kFailed);
   EXPECT_EQ(tier_->Lookup(K(1), kCtx), LookupResult::kMiss);
   RequestContext cpu_only = kCtx;
   cpu_only.load_tier_filter = std::vector<TierMatcher>{};

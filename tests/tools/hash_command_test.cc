@@ -97,7 +97,7 @@ TEST(HashCommandTest, ExtraKeysMatchTheLibrary) {
     std::string expected = "# none_hash " + ToHex(options.none_hash) + "\n";
     for (size_t i = 0; i < want->size(); ++i) {
       expected += std::to_string(i) + " " + ToHex((*want)[i]) + " " +
-                  std::to_string(WireHash((*want)[i])) + "\n";
+                  std::to_string(BlockDigest::Low64((*want)[i])) + "\n";
     }
     EXPECT_EQ(r.output, expected) << algo;
   }
@@ -239,7 +239,7 @@ TEST(HashCommandTest, MatchesPythonReferenceForAllAlgorithms) {
           break;
         case 2: {
           std::string s;  // a random per-process seed like vLLM's os.urandom(32).hex()
-          for (int k = 0; k < 64; ++k) s += "0123456789abcdef"[uniform(0, 15)];
+          for (int k = 0; k < 64; ++k) s += kvo::kHexDigits[static_cast<size_t>(uniform(0, 15))];
           c.seed = s;
           break;
         }
@@ -328,7 +328,7 @@ TEST(HashCommandTest, MatchesPythonReferenceForAllAlgorithms) {
         const size_t b = line.rfind(' ');
         got += " " + line.substr(a + 1, b - a - 1);
         const std::string hex = line.substr(a + 1, b - a - 1);
-        EXPECT_EQ(line.substr(b + 1), std::to_string(WireHash(*ParseHex(hex)))) << line;
+        EXPECT_EQ(line.substr(b + 1), std::to_string(BlockDigest::Low64(*ParseHex(hex)))) << line;
         ++blocks;
       }
     }

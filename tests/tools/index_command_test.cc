@@ -115,7 +115,7 @@ struct Corpus {
       auto digests = HashBlocks(t, o);
       EXPECT_TRUE(digests.ok());
       std::vector<uint64_t> h;
-      for (const std::string& dg : *digests) h.push_back(WireHash(dg));
+      for (const std::string& dg : *digests) h.push_back(BlockDigest::Low64(dg));
       docs.push_back(std::move(t));
       hashes.push_back(std::move(h));
     }

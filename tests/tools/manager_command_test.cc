@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hex.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -33,15 +34,7 @@ RunResult RunOps(const std::vector<std::string>& args, const std::string& script
 std::vector<std::string> Lines(const std::string& s) { return testing::SplitLines(s); }
 
 // vLLM's to_key(i) = make_offload_key(str(i).encode(), 0): the digest is the decimal's ASCII.
-std::string H(int i) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (char c : std::to_string(i)) {
-    out += kHex[static_cast<unsigned char>(c) >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
-}
+std::string H(int i) { return kvo::ToHex(std::to_string(i)); }
 
 std::string Keys(std::initializer_list<int> ids) {
   std::string out = "[";
