@@ -26,6 +26,7 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace kvo {
 namespace {
@@ -35,26 +36,8 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kBs = 16;
 
-bool Eventually(const std::function<bool()>& cond) {
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::Eventually;
+using testing::FreePort;
 
 void WriteFile(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp";

@@ -22,6 +22,7 @@
 #include "events/zmq_publisher.h"
 #include "indexer/service.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace kvo {
 namespace {
@@ -31,26 +32,8 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kBs = 128;  // the reference registration's block_size
 
-bool Eventually(const std::function<bool()>& cond) {
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::Eventually;
+using testing::FreePort;
 
 std::vector<int64_t> Tokens(int64_t blocks) {
   std::vector<int64_t> t;

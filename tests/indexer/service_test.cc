@@ -20,6 +20,7 @@
 #include "events/codec.h"
 #include "events/zmq_publisher.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace kvo {
 namespace {
@@ -38,14 +39,7 @@ EventBatch Store(uint64_t hash, int64_t rank, const char* medium = kMediumGpu) {
 }
 
 // Polls `cond` until it holds or 30 s pass (a failure guard, not a synchronisation sleep).
-bool Eventually(const std::function<bool()>& cond) {
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
-}
+using testing::Eventually;
 
 const StreamStatus* Stream(const std::vector<SourceStatus>& all, const std::string& source,
                            int64_t rank) {
