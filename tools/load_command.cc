@@ -427,7 +427,13 @@ Status RunLoad(const LoadArgs& a) {
     if (!first_error.empty()) std::printf("first error: %s\n", first_error.c_str());
   }
   std::fflush(stdout);
-  if (errors > 0) SetExitCode(1);
+  if (errors > 0) {
+    // On stderr too: a supervisor (kvo demo) quotes a failed child's log, not its JSON.
+    std::fprintf(stderr, "kvo load: %llu of %zu requests failed; first: %s\n",
+                 static_cast<unsigned long long>(errors), records.size(),
+                 first_error.substr(0, 400).c_str());
+    SetExitCode(1);
+  }
   return Status::Ok();
 }
 

@@ -30,7 +30,11 @@ using std::chrono::seconds;
 using SteadyClock = std::chrono::steady_clock;
 
 // The shortened workload CI runs (the README's default is larger).
-const std::vector<std::string> kShort = {"--conversations", "6", "--turns", "3"};
+// 6 conversations of 3 turns, 128 GPU blocks per engine: a turn's prompt needs up to 114 blocks,
+// so every engine evicts and its later turns load from the offload tiers under every policy
+// (with the demo's 192 a round-robin run could end without one offload hit: CI saw 0 verified).
+const std::vector<std::string> kShort = {"--conversations", "6",  "--turns", "3",
+                                         "--gpu-blocks",    "128"};
 
 bool Has(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
