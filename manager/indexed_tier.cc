@@ -173,10 +173,13 @@ void IndexedTier::Emit(std::vector<OffloadKey> keys, bool removed, RemovalReason
   e.reason = reason;
 }
 
-LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& /*ctx*/) {
-  if (options_.async_lookup && checked_.erase(key) == 0) {
-    checking_.insert(key);  // started now, or still running this step
-    return LookupResult::kRetry;
+LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& ctx) {
+  if (options_.async_lookup) {
+    auto [it, inserted] = verdicts_.try_emplace(key);
+    if (inserted) checking_.push_back(key);  // the check starts now
+    if (it->second.requests.insert(ctx.req_id).second) request_keys_[ctx.req_id].push_back(key);
+    if (!it->second.hit.has_value()) return LookupResult::kRetry;  // still checking this step
+    return *it->second.hit ? LookupResult::kHit : LookupResult::kMiss;
   }
   const BlockStatus* b = index_.Find(key);
   return b != nullptr && b->ready() ? LookupResult::kHit : LookupResult::kMiss;
@@ -184,8 +187,32 @@ LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& /*
 
 void IndexedTier::OnScheduleEnd() {
   if (!options_.async_lookup) return;
-  checked_ = std::move(checking_);  // the checks finish; unclaimed older verdicts are dropped
+  for (const OffloadKey& key : checking_) {  // the step's checks finish
+    auto it = verdicts_.find(key);
+    if (it == verdicts_.end() || it->second.hit.has_value()) continue;
+    const BlockStatus* b = index_.Find(key);
+    it->second.hit = b != nullptr && b->ready();
+  }
   checking_.clear();
+}
+
+void IndexedTier::OnRequestFinished(const RequestContext& ctx) {
+  auto rk = request_keys_.find(ctx.req_id);
+  if (rk == request_keys_.end()) return;
+  for (const OffloadKey& key : rk->second) {
+    auto it = verdicts_.find(key);
+    if (it == verdicts_.end()) continue;
+    it->second.requests.erase(ctx.req_id);
+    if (it->second.requests.empty()) verdicts_.erase(it);
+  }
+  request_keys_.erase(rk);
+}
+
+void IndexedTier::MarkMiss(std::span<const OffloadKey> keys) {
+  for (const OffloadKey& key : keys) {
+    auto it = verdicts_.find(key);
+    if (it != verdicts_.end()) it->second.hit = false;
+  }
 }
 
 Status IndexedTier::SubmitStore(const TransferJob& job) {
@@ -218,7 +245,7 @@ Status IndexedTier::SubmitStore(const TransferJob& job) {
     JobResult r;
     r.job_id = job.job_id;
     r.success = state.all_ok_so_far;
-    if (!r.success) r.successful_keys = state.ok_upfront;
+    if (!r.success && !state.ok_upfront.empty()) r.successful_keys = state.ok_upfront;
     ready_results_.push_back(std::move(r));
     return Status::Ok();
   }
@@ -238,16 +265,20 @@ Status IndexedTier::SubmitLoad(const TransferJob& job) {
   sub.job_id = job.job_id;
   sub.is_promotion = true;
   sub.req_id = job.req_id;
+  // As vLLM's batched load, a job stops at its first block that cannot load: a block gone
+  // meanwhile ends the job there, and the blocks after it fail with it.
   for (size_t i = 0; i < job.keys.size(); ++i) {
-    if (!index_.Pin(job.keys[i])) {  // gone meanwhile: that key fails
+    if (!index_.Pin(job.keys[i])) {
       state.all_ok_so_far = false;
-      continue;
+      state.not_loaded.assign(job.keys.begin() + static_cast<ptrdiff_t>(i), job.keys.end());
+      break;
     }
     sub.keys.push_back(job.keys[i]);
     sub.slots.push_back(job.slots[i]);
   }
-  if (sub.keys.empty()) {
-    ready_results_.push_back(JobResult{job.job_id, false, std::vector<OffloadKey>{}, {}});
+  if (sub.keys.empty()) {  // an empty job succeeds (nothing to load), as in vLLM
+    MarkMiss(state.not_loaded);
+    ready_results_.push_back(JobResult{job.job_id, job.keys.empty(), std::nullopt, {}});
     return Status::Ok();
   }
   state.submitted = sub.keys;
@@ -284,8 +315,11 @@ void IndexedTier::TakeFinishedJobs(std::vector<JobResult>* out) {
     std::vector<OffloadKey> stored;
     std::vector<OffloadKey> lost;
     bool all_ok = job.all_ok_so_far;
+    std::vector<OffloadKey> failed = std::move(job.not_loaded);
+    bool stopped = false;  // loads: a batch stops at its first failed block (vLLM)
     for (const OffloadKey& key : job.submitted) {
-      const bool good = succeeded(key);
+      const bool good = succeeded(key) && !stopped;
+      if (!job.is_store && !good) stopped = true;
       if (job.is_store) {
         if (good) {
           index_.Commit(key);
@@ -299,6 +333,7 @@ void IndexedTier::TakeFinishedJobs(std::vector<JobResult>* out) {
           index_.Erase(key);  // corrupt or missing on the medium: never served again
           lost.push_back(key);
         }
+        if (!good) failed.push_back(key);
       }
       if (good) {
         ok.push_back(key);
@@ -308,8 +343,9 @@ void IndexedTier::TakeFinishedJobs(std::vector<JobResult>* out) {
     }
     Emit(std::move(stored), /*removed=*/false, RemovalReason::kNone);
     Emit(std::move(lost), /*removed=*/true, RemovalReason::kFailed);
+    MarkMiss(failed);  // this step's requests do not re-issue the failed promotion
     result.success = all_ok;
-    if (!all_ok) result.successful_keys = std::move(ok);
+    if (!all_ok && !ok.empty()) result.successful_keys = std::move(ok);
     out->push_back(std::move(result));
   }
 }

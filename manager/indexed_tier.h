@@ -91,9 +91,11 @@ struct IndexedTierOptions {
   CachePolicyFactory policy_factory;    // overrides eviction_policy when set
   // vLLM's asynchronous secondary lookup (B.11; the FS tier checks files on its thread pool): the
   // first lookup of a key answers RETRY and starts the check; every lookup of it answers RETRY
-  // until the step ends (OnScheduleEnd), after which the next lookup gives the verdict (HIT or
-  // MISS from the index at that moment). A verdict not asked for during the following step is
-  // dropped (the next lookup starts again). false: answer at once.
+  // until the step ends (OnScheduleEnd), which decides the verdict (HIT or MISS from the index at
+  // that moment). As vLLM's AsyncLookupManager, the verdict is then cached while any request that
+  // asked for the key is running (OnRequestFinished drops it with the last such request), and a
+  // failed load marks its failed keys' verdicts MISS (no request re-issues a doomed promotion).
+  // false: answer at once.
   bool async_lookup = false;
 };
 
@@ -117,6 +119,7 @@ class IndexedTier final : public SecondaryTier {
   void Touch(std::span<const OffloadKey> keys, const RequestContext& ctx) override;
   bool HasPendingWork() const override { return !jobs_.empty() || !ready_results_.empty(); }
   void OnScheduleEnd() override;
+  void OnRequestFinished(const RequestContext& ctx) override;
 
   const BoundedTierIndex& index() const { return index_; }
   uint64_t stores_rejected() const { return stores_rejected_; }  // no room for a block
@@ -131,6 +134,7 @@ class IndexedTier final : public SecondaryTier {
     std::vector<OffloadKey> submitted;   // handed to the transport
     bool all_ok_so_far = true;           // false when some keys failed before submission
     std::vector<OffloadKey> ok_upfront;  // stores: already held, count as done
+    std::vector<OffloadKey> not_loaded;  // loads: after the first block that could not load
   };
 
   IndexedTierOptions options_;
@@ -141,9 +145,16 @@ class IndexedTier final : public SecondaryTier {
   std::vector<OffloadingEvent> events_;
   std::vector<JobResult> scratch_;
   uint64_t stores_rejected_ = 0;
-  // async_lookup: keys whose check started this step / finished at the last step's end.
-  std::unordered_set<OffloadKey, OffloadKeyHash> checking_;
-  std::unordered_set<OffloadKey, OffloadKeyHash> checked_;
+  // async_lookup: per key, the verdict (unset while its check runs) and the requests that asked;
+  // per request, the keys it asked for; the keys whose check started this step.
+  struct Verdict {
+    std::optional<bool> hit;
+    std::unordered_set<std::string> requests;
+  };
+  void MarkMiss(std::span<const OffloadKey> keys);
+  std::unordered_map<OffloadKey, Verdict, OffloadKeyHash> verdicts_;
+  std::unordered_map<std::string, std::vector<OffloadKey>> request_keys_;
+  std::vector<OffloadKey> checking_;
 };
 
 }  // namespace kvo

@@ -332,12 +332,9 @@ Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, voi
   if (fd < 0 && direct && errno == EINVAL) fd = ::openat(dir.fd(), name.c_str(), flags);
   if (fd < 0) {
     if (errno == ENOENT) return out;  // kMissing
-    if (errno == ELOOP) {
-      if (opts.remove_corrupt) ::unlinkat(dir.fd(), name.c_str(), 0);  // the link, not its target
-      out.outcome = ReadOutcome::kCorrupt;
-      out.detail = "symlink (not followed)";
-      return out;
-    }
+    // Any other open error (ELOOP: a symlink, never followed; EACCES, EIO, EMFILE ...) is an
+    // error, not corruption: the path is left as it is (vLLM removes a block only on a proven
+    // short read; a passing fault must not become data loss).
     return Errno("open", name, errno);
   }
   Fd file(fd);

@@ -433,7 +433,7 @@ def bench_fs(row, seconds, quick):
                "secondary_tiers": [{"type": "fs", "root_dir": root, "n_read_threads": 4,
                                     "n_write_threads": 4}]}
         run = {"model_name": "bench", "dtype": "bfloat16", "groups": [(16, ["l0"])]}
-        tier = _kvo.FsTier(config_json(cfg), row, 16, 16, 1, False, run, rows, False)
+        tier = _kvo.FsTier(config_json(cfg), row, 1, run, rows, False)
         keys = _keys(k, 11)
         slots = list(range(k))
         epoch = [0]

@@ -123,7 +123,12 @@ def _run(config) -> dict:
         "model_name": config.model.name, "dtype": config.model.dtype,
         "tokens_per_hash": int(config.cache.tokens_per_hash),
         "tp_size": p.tp_size, "pp_size": p.pp_size, "pcp_size": p.pcp_size,
-        "dcp_size": p.dcp_size, "parallel_agnostic": bool(p.is_parallelism_agnostic),
+        # As vLLM's file tier (FileMapper, parallel_agnostic opted in): a parallelism-agnostic or
+        # replicated layout collapses tp/pp/pcp/dcp to 1, so a TP=2 replicated writer and a TP=4
+        # replicated reader share one namespace ("replicated_layout": true is hashed in).
+        "dcp_size": p.dcp_size,
+        "parallel_agnostic": bool(p.is_parallelism_agnostic)
+        or bool(getattr(config, "replicated_layout", False)),
         "replicated_layout": bool(getattr(config, "replicated_layout", False)),
         "groups": [(g.tokens_per_block, list(g.layer_names)) for g in config.groups],
     }
@@ -427,19 +432,44 @@ class KvoFsTier(SecondaryTierManager):
                 tier[k] = v
             elif k != "backpressure_detector":
                 logger.warning("KvoFsTier: keyword %r is not used", str(k)[:64])
-        extra = offloading_spec.extra_config
-        cfg = {k: extra[k] for k in ("cpu_bytes_to_use", "block_size", "blocks_per_chunk")
-               if k in extra}
-        cfg["spec_name"] = "TieringOffloadingSpec"
-        cfg["secondary_tiers"] = [tier]
+        locality = kwargs.get("locality")
+        # vLLM's message for a bad locality ("'local' is not a valid Locality").
+        self.locality = _base.Locality(locality) if locality is not None else None
+        # The geometry is the view's, as vLLM's tier takes it: one row per block, the row's bytes
+        # its first stride (vLLM hands a (num_blocks, row_bytes) view of the CPU tier).
+        view = primary_kv_view if isinstance(primary_kv_view, memoryview) else \
+            memoryview(primary_kv_view)
+        if view.ndim < 2:
+            raise ValueError(f"primary_kv_view: a {view.ndim}-D view has no block dimension "
+                             "(vLLM hands the CPU tier as (num_blocks, row_bytes))")
+        row_bytes = int(view.strides[0])
+        cfg = {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": int(view.nbytes),
+               "secondary_tiers": [tier]}
         _make_root(tier)
-        g = _geometry(offloading_spec.config)
+        # Events need the tier's enable_kv_events and the global flag (vLLM: kv_events_config).
+        ev = getattr(offloading_spec, "kv_events_config", None)
+        enabled = bool(ev.enable_kv_cache_events) if ev is not None else \
+            bool(offloading_spec.config.enable_kv_cache_events)
+        self._events_on = bool(kwargs.get("enable_kv_events")) and enabled
         self._tier = _kvo.FsTier(
-            config_json(cfg), g["worker_kv_bytes_per_block"], g["gpu_block_size"],
-            g["tokens_per_hash"], g["world_size"], g["replicated_layout"],
-            _run(offloading_spec.config), primary_kv_view,
-            bool(offloading_spec.config.enable_kv_cache_events))
+            config_json(cfg), row_bytes, int(offloading_spec.blocks_per_chunk),
+            _run(offloading_spec.config), view, enabled)
         self._failed: list = []
+        self._events: list = []  # taken from the tier by a read of `events`, not yet handed out
+
+    @property
+    def events(self):
+        """vLLM's tier attribute: None when this tier emits no events (its enable_kv_events or
+        the global KV-events flag off), else the events not yet taken."""
+        if not self._events_on:
+            return None
+        self._events.extend(self._event(e) for e in self._tier.take_events())
+        return self._events
+
+    def _event(self, e):
+        keys, medium, removed, loc, _reason = e
+        return _base.OffloadingEvent(keys=keys, medium=_base.Medium(medium), removed=removed,
+                                     locality=_base.Locality(loc) if loc else None)
 
     def lookup(self, key, req_context):
         return _LOOKUP[self._tier.lookup(key, req_context)]
@@ -461,7 +491,9 @@ class KvoFsTier(SecondaryTierManager):
     def get_finished_jobs(self) -> Iterable:
         out, self._failed = self._failed, []
         for job_id, ok, keys, _lost in self._tier.take_finished():
-            out.append(JobResult(job_id=job_id, success=ok, successful_keys=keys))
+            # vLLM: successful_keys only for a failed job with some keys done, else None.
+            out.append(JobResult(job_id=job_id, success=ok,
+                                 successful_keys=tuple(keys) if keys else None))
         return out
 
     def on_new_request(self, req_context):
@@ -474,9 +506,9 @@ class KvoFsTier(SecondaryTierManager):
         return self._tier.has_pending_work()
 
     def take_events(self):
-        return [_base.OffloadingEvent(keys=keys, medium=_base.Medium(medium), removed=removed,
-                                      locality=_base.Locality(loc) if loc else None)
-                for keys, medium, removed, loc, _reason in self._tier.take_events()]
+        out, self._events = self._events, []
+        out.extend(self._event(e) for e in self._tier.take_events())
+        return out
 
     def touch(self, keys, req_context) -> None:
         self._tier.touch(keys, req_context)

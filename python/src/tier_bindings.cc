@@ -9,21 +9,25 @@ namespace {
 
 class PyFsTier {
  public:
-  PyFsTier(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
-           py::object rows, bool enable_kv_cache_events) {
-    OffloadConfig c = Unwrap(ParseOffloadConfig(config_json, kv));
+  // The geometry is the primary view's, as vLLM's file tier takes it: one row per block of
+  // `row_bytes` (the view's first stride), as many rows as the view holds; blocks_per_chunk
+  // names the files' namespace (vLLM's blocks_per_file). `config_json` holds the one fs tier.
+  PyFsTier(const std::string& config_json, uint64_t row_bytes, uint64_t blocks_per_chunk,
+           const FsRunFields& run, py::object rows, bool enable_kv_cache_events) {
+    OffloadConfig c = Unwrap(ParseOffloadConfig(config_json));
     if (c.secondary_tiers.size() != 1 || c.secondary_tiers[0].type != "fs") {
       throw py::value_error("secondary_tiers: expected one fs tier");
     }
-    geometry_ = Unwrap(ComputeOffloadGeometry(c, kv));
-    HostRegion region = rows_.Adopt(std::move(rows), geometry_.row_bytes, "primary_kv_view");
-    if (region.num_slots < geometry_.num_blocks || geometry_.num_blocks == 0) {
+    if (row_bytes == 0) throw py::value_error("primary_kv_view: rows of 0 bytes");
+    if (blocks_per_chunk == 0) throw py::value_error("blocks_per_chunk: must be > 0");
+    HostRegion region = rows_.Adopt(std::move(rows), row_bytes, "primary_kv_view");
+    if (region.num_slots == 0) {
       throw py::value_error("primary_kv_view: " + std::to_string(region.bytes()) +
-                            " bytes do not hold the CPU tier's " +
-                            std::to_string(geometry_.num_blocks) + " rows of " +
-                            std::to_string(geometry_.row_bytes) + " bytes");
+                            " bytes hold no row of " + std::to_string(row_bytes) + " bytes");
     }
-    region.num_slots = geometry_.num_blocks;
+    geometry_.row_bytes = row_bytes;
+    geometry_.num_blocks = region.num_slots;
+    geometry_.blocks_per_chunk = blocks_per_chunk;
     tier_ = Unwrap(BuildFsTier(c.secondary_tiers[0].fs, run, geometry_, region,
                                enable_kv_cache_events, "KvoFsTier"));
   }
@@ -243,19 +247,13 @@ void BindFsTierAndEngine(py::module_& m) {
   py::class_<PyFsTier>(m, "FsTier",
                        "kvo's file tier (vLLM's layout; bounded, restart-safe, integrity-checked) "
                        "over a CPU tier's rows")
-      .def(py::init([](const std::string& json, uint64_t worker_kv_bytes_per_block,
-                       uint64_t gpu_block_size, uint64_t tokens_per_hash, uint64_t world_size,
-                       bool replicated_layout, const py::dict& run, py::object rows,
-                       bool enable_kv_cache_events) {
-             return std::make_unique<PyFsTier>(
-                 json,
-                 GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash,
-                              world_size, replicated_layout),
-                 RunFrom(run), std::move(rows), enable_kv_cache_events);
+      .def(py::init([](const std::string& json, uint64_t row_bytes, uint64_t blocks_per_chunk,
+                       const py::dict& run, py::object rows, bool enable_kv_cache_events) {
+             return std::make_unique<PyFsTier>(json, row_bytes, blocks_per_chunk, RunFrom(run),
+                                               std::move(rows), enable_kv_cache_events);
            }),
-           py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
-           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
-           py::arg("run"), py::arg("rows"), py::arg("enable_kv_cache_events"))
+           py::arg("json"), py::arg("row_bytes"), py::arg("blocks_per_chunk"), py::arg("run"),
+           py::arg("rows"), py::arg("enable_kv_cache_events"))
       .def("lookup", &PyFsTier::Lookup, py::arg("key"), py::arg("req_context") = py::none())
       .def(
           "submit_store",

@@ -66,7 +66,7 @@ def test_loads_through_vllm_factory_and_ignores_new_keywords(vllm_standin, tmp_p
     ({"root_dir": None}, "root_dir"),
     ({"n_read_threads": "4"}, "n_read_threads"),
     ({"max_bytes": -1}, "max_bytes"),
-    ({"locality": "nowhere"}, "locality"),
+    ({"locality": "nowhere"}, "is not a valid Locality"),  # vLLM's message
 ])
 def test_bad_tier_config(vllm_standin, tmp_path, change, match):
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory

@@ -63,8 +63,8 @@ TEST_F(IndexedTierAsyncTest, RetryUntilTheStepEndsThenTheVerdict) {
   // Verdicts: K1 is held (a promotion starts), K2 is not.
   EXPECT_EQ(m_->Lookup(K(1), ctx_), LookupResult::kHitPending);
   EXPECT_EQ(m_->Lookup(K(2), ctx_), LookupResult::kMiss);
-  // A verdict is given once; asking again starts a new check.
-  EXPECT_EQ(m_->Lookup(K(2), ctx_), LookupResult::kRetry);
+  // The verdict stays cached for the request (vLLM's AsyncLookupManager): no new check.
+  EXPECT_EQ(m_->Lookup(K(2), ctx_), LookupResult::kMiss);
   // The CPU tier now answers for K1 (its promotion is pending), without asking the tier.
   EXPECT_EQ(m_->Lookup(K(1), ctx_), LookupResult::kHitPending);
 
@@ -89,14 +89,21 @@ TEST_F(IndexedTierAsyncTest, RetryUntilTheStepEndsThenTheVerdict) {
       << text;
 }
 
-TEST_F(IndexedTierAsyncTest, UnclaimedVerdictsAreDroppedAfterAStep) {
+TEST_F(IndexedTierAsyncTest, VerdictsStayCachedUntilTheirLastRequestFinishes) {
   Build(true);
-  EXPECT_EQ(m_->Lookup(K(1), ctx_), LookupResult::kRetry);
-  m_->OnScheduleEnd();  // K1's verdict is ready ...
-  m_->OnScheduleEnd();  // ... and dropped unclaimed
-  EXPECT_EQ(m_->Lookup(K(1), ctx_), LookupResult::kRetry);
+  RequestContext other;
+  other.req_id = "r2";
+  EXPECT_EQ(m_->Lookup(K(2), ctx_), LookupResult::kRetry);
   m_->OnScheduleEnd();
-  EXPECT_EQ(m_->Lookup(K(1), ctx_), LookupResult::kHitPending);
+  m_->OnScheduleEnd();  // unclaimed for a step: still cached
+  EXPECT_EQ(m_->Lookup(K(2), ctx_), LookupResult::kMiss);
+  EXPECT_EQ(m_->Lookup(K(2), other), LookupResult::kMiss);  // a second request shares it
+  m_->OnRequestFinished(ctx_);
+  EXPECT_EQ(m_->Lookup(K(2), other), LookupResult::kMiss);  // r2 still holds it
+  m_->OnRequestFinished(other);
+  EXPECT_EQ(m_->Lookup(K(2), other), LookupResult::kRetry);  // dropped with its last request
+  m_->OnScheduleEnd();
+  EXPECT_EQ(m_->Lookup(K(2), other), LookupResult::kMiss);
 }
 
 }  // namespace

@@ -11,7 +11,9 @@ class TieringOffloadingSpec(OffloadingSpec):
         self.row_bytes = row_bytes or config.worker_kv_bytes_per_block * self.blocks_per_chunk
         self.num_cpu_blocks = num_cpu_blocks or cpu_bytes // self.row_bytes
         self.cpu_rows = bytearray(self.num_cpu_blocks * self.row_bytes)
-        self.primary_kv_view = memoryview(self.cpu_rows)
+        # vLLM's region hands its tiers a (num_blocks, row_bytes) uint8 view.
+        self.primary_kv_view = memoryview(self.cpu_rows).cast(
+            "B", (self.num_cpu_blocks, self.row_bytes))
         self.secondary_tiers = [
             SecondaryTierFactory.create(t, self, self.primary_kv_view)
             for t in self.extra_config.get("secondary_tiers", [])]
