@@ -5,7 +5,7 @@
 #   lib/      kvo's static libraries (-fPIC; the CUDA engine, sm_90 SASS + PTX) and libcudart_static.a,
 #             the shared libraries the extension links (xxhash, crypto, spdlog, fmt)
 #   src/      the snapshot (git HEAD) the libraries were built from: kvo's headers,
-#             python/src/kvo_module.cc, the Python package and the vLLM stand-in
+#             python/src/ (the module's sources), the Python package and the vLLM stand-in
 #   pyinc/    Python 3.12 headers (used only when the GPU machine's interpreter has none)
 # .device/ is git-ignored; name .device/carry in the device call's `carry`.
 set -eu -o pipefail
@@ -36,7 +36,7 @@ for l in libxxhash.so.0 libcrypto.so.3 libspdlog.so.1.10 libfmt.so.9; do
   ln -sf $l "$C/lib/${l%%.so*}.so"
 done
 (cd "$S" && find common events transfer manager -name "*.h" -exec cp --parents {} "../carry/src/" \; \
-  && cp -r --parents python/src/kvo_module.cc python/kvo python/tests/standin ../carry/src/)
+  && cp -r --parents python/src python/kvo python/tests/standin ../carry/src/)
 find "$C/src" -name __pycache__ -prune -exec rm -rf {} \;
 PY312=$(ls -d /root/.pyenv/versions/3.12*/include/python3.12 2>/dev/null | head -1 || true)
 [ -n "$PY312" ] && cp -r "$PY312" "$C/pyinc/"
