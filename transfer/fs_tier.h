@@ -5,8 +5,10 @@
 //
 // Beyond vLLM: every block carries an XXH3 integrity record outside the .bin (transfer/fs_file.h)
 // that also names the block (namespace, rank, group, hash); a load verifies it, and a torn,
-// truncated, bit-flipped, misfiled (renamed over another block's name), FIFO or symlinked file is a
-// miss, is removed, is reported per block (kCorrupt) and counted (corrupt_blocks, misfiled_blocks).
+// truncated, bit-flipped, misfiled (renamed over another block's name) or FIFO file is a miss, is
+// removed (FIFOs are not), is reported per block (kCorrupt) and counted (corrupt_blocks,
+// misfiled_blocks). An open that fails otherwise (ELOOP on a symlinked .bin, never followed;
+// EACCES, EIO ...) is kError and leaves the path as it is (vLLM: only proof of damage removes).
 // Scan rebuilds the tier's contents from disk (the manager's reconcile) validating every name. No
 // symlink is followed under root_dir; hashes are validated before they become path components;
 // files 0600 and directories 0700 by default.

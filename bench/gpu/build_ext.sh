@@ -25,6 +25,8 @@ SYS=$($PY -c "import _hashlib; print(_hashlib.__file__)" 2>/dev/null | xargs -r 
       | awk '/libcrypto\.so/ {print $3; exit}' || true)
 if [ -n "$SYS" ] && [ -f "$SYS" ]; then CRYPTO=$SYS; fi
 mkdir -p "$DEST/kvo"
+MAP=$DEST/_kvo.map  # export PyInit__kvo alone (the module's std:: instantiations too)
+echo "{ global: PyInit__kvo; local: *; };" > "$MAP"
 echo "build_ext: $($PY --version) EXT=$EXT PYINC=$PYINC pybind11=$PB $($CXX --version | head -1)"
 # --exclude-libs,ALL: export only PyInit__kvo, nothing of the static libraries (kvo's, the CUDA
 # runtime's cudart_static) that torch's own libraries could meet.
@@ -34,6 +36,6 @@ $CXX -O2 -std=c++20 -fPIC -shared -fvisibility=hidden -DKVO_PY_WITH_CUDA=1 \
   -Wl,--start-group "$C"/lib/libkvo_manager.a "$C"/lib/libkvo_transfer.a "$C"/lib/libkvo_events.a \
   "$C"/lib/libkvo_common.a "$C"/lib/libkvo_transfer_cuda.a -Wl,--end-group \
   "$C"/lib/libcudart_static.a -L"$C/lib" -lxxhash "$CRYPTO" -lspdlog -lfmt -ldl -lrt -lpthread \
-  -Wl,--exclude-libs,ALL -Wl,-rpath,"$C/lib"
+  -Wl,--exclude-libs,ALL -Wl,--version-script="$MAP" -Wl,-rpath,"$C/lib"
 echo "build_ext: built $DEST/kvo/_kvo$EXT (libcrypto: $CRYPTO; exported:" \
   "$(nm -D --defined-only "$DEST/kvo/_kvo$EXT" | wc -l) symbols)"

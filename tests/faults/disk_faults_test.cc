@@ -244,7 +244,10 @@ class AttackedTier {
       if (b.outcome == FsBlockOutcome::kOk) {
         ++*served;
         if (!rows_.Matches(4 + k, Seed(ids[k]))) ++wrong;
-      } else if (b.outcome == FsBlockOutcome::kError) {
+      } else if (b.outcome == FsBlockOutcome::kError &&
+                 b.status.message().find("symbolic links") == std::string::npos) {
+        // A symlinked .bin is an open error (ELOOP: never followed, left in place, never served,
+        // as a transient error is); any other error is a failure of the tier.
         ADD_FAILURE() << "block " << ids[k] << ": " << b.status.ToString();
         ++wrong;
       }
