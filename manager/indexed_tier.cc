@@ -177,9 +177,15 @@ LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& ct
   if (options_.async_lookup) {
     auto [it, inserted] = verdicts_.try_emplace(key);
     if (inserted) checking_.push_back(key);  // the check starts now
-    if (it->second.requests.insert(ctx.req_id).second) request_keys_[ctx.req_id].push_back(key);
-    if (!it->second.hit.has_value()) return LookupResult::kRetry;  // still checking this step
-    return *it->second.hit ? LookupResult::kHit : LookupResult::kMiss;
+    Verdict& v = it->second;
+    if (!ctx.req_id.empty() && v.requests.insert(ctx.req_id).second) {
+      request_keys_[ctx.req_id].push_back(key);
+    }
+    if (!v.hit.has_value()) return LookupResult::kRetry;  // still checking this step
+    const LookupResult r = *v.hit ? LookupResult::kHit : LookupResult::kMiss;
+    // Asked by no request (no req_id): nothing would ever drop it, so it is given once.
+    if (v.requests.empty()) verdicts_.erase(it);
+    return r;
   }
   const BlockStatus* b = index_.Find(key);
   return b != nullptr && b->ready() ? LookupResult::kHit : LookupResult::kMiss;
@@ -187,11 +193,20 @@ LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& ct
 
 void IndexedTier::OnScheduleEnd() {
   if (!options_.async_lookup) return;
+  // Verdicts no request holds, unclaimed for a step, are dropped (bounded without requests).
+  for (const OffloadKey& key : unclaimed_) {
+    auto it = verdicts_.find(key);
+    if (it != verdicts_.end() && it->second.requests.empty() && it->second.hit.has_value()) {
+      verdicts_.erase(it);
+    }
+  }
+  unclaimed_.clear();
   for (const OffloadKey& key : checking_) {  // the step's checks finish
     auto it = verdicts_.find(key);
     if (it == verdicts_.end() || it->second.hit.has_value()) continue;
     const BlockStatus* b = index_.Find(key);
     it->second.hit = b != nullptr && b->ready();
+    if (it->second.requests.empty()) unclaimed_.push_back(key);
   }
   checking_.clear();
 }

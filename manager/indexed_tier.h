@@ -95,6 +95,7 @@ struct IndexedTierOptions {
   // that moment). As vLLM's AsyncLookupManager, the verdict is then cached while any request that
   // asked for the key is running (OnRequestFinished drops it with the last such request), and a
   // failed load marks its failed keys' verdicts MISS (no request re-issues a doomed promotion).
+  // A verdict asked for without a req_id is given once, or dropped unclaimed after a step.
   // false: answer at once.
   bool async_lookup = false;
 };
@@ -155,6 +156,7 @@ class IndexedTier final : public SecondaryTier {
   std::unordered_map<OffloadKey, Verdict, OffloadKeyHash> verdicts_;
   std::unordered_map<std::string, std::vector<OffloadKey>> request_keys_;
   std::vector<OffloadKey> checking_;
+  std::vector<OffloadKey> unclaimed_;  // decided at the last step's end, held by no request
 };
 
 }  // namespace kvo

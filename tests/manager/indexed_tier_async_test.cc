@@ -106,5 +106,17 @@ TEST_F(IndexedTierAsyncTest, VerdictsStayCachedUntilTheirLastRequestFinishes) {
   EXPECT_EQ(m_->Lookup(K(2), other), LookupResult::kMiss);
 }
 
+TEST_F(IndexedTierAsyncTest, VerdictsOfNoRequestAreGivenOnceOrDroppedAfterAStep) {
+  Build(true);
+  RequestContext none;  // no req_id: nothing would finish it, so nothing may hold the verdict
+  EXPECT_EQ(m_->Lookup(K(2), none), LookupResult::kRetry);
+  m_->OnScheduleEnd();
+  EXPECT_EQ(m_->Lookup(K(2), none), LookupResult::kMiss);   // given once ...
+  EXPECT_EQ(m_->Lookup(K(2), none), LookupResult::kRetry);  // ... then a new check
+  m_->OnScheduleEnd();                                      // decided
+  m_->OnScheduleEnd();                                      // unclaimed for a step: dropped
+  EXPECT_EQ(m_->Lookup(K(2), none), LookupResult::kRetry);
+}
+
 }  // namespace
 }  // namespace kvo
