@@ -103,6 +103,10 @@ struct RouterQuery {
 // by_hash: /query_by_hash ("seq_hashes" or "block_hash"), else /query ("token_ids"). A list
 // longer than max_items is a 400 (checked on the text before the DOM is built).
 Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items);
+// The same without the list scanner (the whole body through the JSON DOM): the reference the
+// scanner must agree with (router_api_test, router_query_fuzz).
+Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,
+                                              int64_t max_items);
 
 // One stream's tiered match, in blocks: its GPU prefix, then (from the first GPU miss) blocks
 // held on GPU or CPU, then blocks held on any of GPU, CPU, DISK.
