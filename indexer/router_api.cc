@@ -200,6 +200,9 @@ struct BigList {
 };
 
 bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline void SkipWs(const char*& p, const char* end) {
+  while (p < end && static_cast<unsigned char>(*p) <= ' ' && IsWs(*p)) ++p;
+}
 bool IsDigit(char c) { return static_cast<unsigned char>(c - '0') <= 9; }
 
 // Eight ASCII digits (little-endian load) to their value; `chunk` must hold only digits.
@@ -302,9 +305,7 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
   const char* const begin = body.data();
   const char* const end = begin + body.size();
   const char* p = begin;
-  auto ws = [&] [[gnu::always_inline]] {
-    while (p < end && static_cast<unsigned char>(*p) <= ' ' && IsWs(*p)) ++p;
-  };
+  auto ws = [&] { SkipWs(p, end); };
   ws();
   if (p >= end || *p != '{') return std::nullopt;
   ++p;
