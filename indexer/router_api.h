@@ -134,6 +134,10 @@ void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, Insta
 // {tenant: {instance_id: {...}}}
 std::string RenderRouterQueryResponse(const std::string& tenant,
                                       const std::map<std::string, InstanceMatch>& instances);
+// The same through a JSON tree (nlohmann's ordered_json): the reference the direct writer above
+// must equal byte for byte (router_api_test).
+std::string RenderRouterQueryResponseTree(const std::string& tenant,
+                                          const std::map<std::string, InstanceMatch>& instances);
 
 // {"status": "registered successfully", "instance_id": id}
 std::string RenderRegistered(const std::string& instance_id);

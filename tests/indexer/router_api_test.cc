@@ -377,6 +377,45 @@ TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
 // The list scanner reads digits eight at a time and checks overflow only at the 20th: every
 // number shape (1..22 digits, leading zeros, a sign, a fraction, an exponent, junk) gives the
 // reference parser's answer, and an error names the same element.
+// The /query answer is written directly; it must equal the JSON tree's dump byte for byte,
+// whatever the tenant and instance names hold (quotes, backslashes, control bytes, UTF-8).
+TEST(RouterQueryParseTest, RenderedResponseEqualsTheJsonTree) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const std::vector<std::string> pieces = {"a",        "engine-7",
+                                           "\"",       "\\",
+                                           "\n",       "\t",
+                                           "\b",       "\f",
+                                           "\r",       std::string(1, '\0'),
+                                           "\x01",     "\x1f",
+                                           "\x7f",     "/",
+                                           "\xc3\xa9", "\xe2\x82\xac",
+                                           " ",        "{}"};
+  auto name = [&] {
+    std::string n;
+    for (int i = static_cast<int>(rng() % 5); i >= 0; --i) n += pieces[rng() % pieces.size()];
+    return n;
+  };
+  for (int round = 0; round < 500; ++round) {
+    std::map<std::string, InstanceMatch> instances;
+    for (int i = static_cast<int>(rng() % 6); i > 0; --i) {
+      InstanceMatch& m = instances[name()];
+      m.longest_matched = static_cast<int64_t>(rng() % 200000);
+      m.gpu = static_cast<int64_t>(rng() % 3) - 1;
+      m.cpu = round % 2 ? INT64_MAX : INT64_MIN;
+      m.disk = static_cast<int64_t>(rng());
+      for (int r = static_cast<int>(rng() % 4); r > 0; --r) {
+        m.dp[static_cast<int64_t>(rng() % 9) - 2] = static_cast<int64_t>(rng() % 1000);
+      }
+    }
+    const std::string tenant = name();
+    const std::string direct = RenderRouterQueryResponse(tenant, instances);
+    ASSERT_EQ(direct, RenderRouterQueryResponseTree(tenant, instances));
+    EXPECT_TRUE(Json::accept(direct)) << direct;
+  }
+}
+
 TEST(RouterQueryParseTest, ScannerAgreesWithTheReferenceOnEveryNumberShape) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
