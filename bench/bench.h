@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvo::bench {
@@ -24,6 +25,12 @@ struct BenchOptions {
   bool json = false;
   double seconds_per_case = 0.5;  // time budget for each measured loop
   bool quick = false;             // CI smoke mode: tiny budgets
+  // --only: run the case groups whose name contains this ("" = all). Groups: events: hash_chain,
+  // codec, pubsub, lag, restart, journal; indexer: ingest, score, router.
+  std::string only;
+  bool Wants(std::string_view group) const {
+    return only.empty() || group.find(only) != std::string_view::npos;
+  }
 };
 
 void PrintResult(const BenchResult& result, const BenchOptions& options);

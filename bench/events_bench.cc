@@ -400,12 +400,12 @@ void HashChainCases(const BenchOptions& o) {
 }  // namespace
 
 int RunEventsBench(const BenchOptions& options) {
-  HashChainCases(options);
-  CodecCases(options);
-  PubSubCases(options);
-  LagCase(options);
-  RestartDetectionCases(options);
-  RunJournalBench(options);
+  if (options.Wants("hash_chain")) HashChainCases(options);
+  if (options.Wants("codec")) CodecCases(options);
+  if (options.Wants("pubsub")) PubSubCases(options);
+  if (options.Wants("lag")) LagCase(options);
+  if (options.Wants("restart")) RestartDetectionCases(options);
+  if (options.Wants("journal")) RunJournalBench(options);
   return 0;
 }
 

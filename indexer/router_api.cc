@@ -4,6 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cstring>
 #include <optional>
 
 #include "common/json.h"
@@ -192,11 +195,78 @@ Result<std::vector<uint64_t>> Hashes(const json& v, const char* key) {
 // produces the same answer or error as without this path.
 struct BigList {
   std::string rest;              // the body with the list replaced by []
-  std::vector<uint64_t> values;  // as 64-bit patterns (negative int64 two's complement)
+  std::vector<uint64_t> values;  // hashes, as 64-bit patterns (negative int64 two's complement)
+  std::vector<int64_t> tokens;   // token ids (signed_values)
   std::string key;
 };
 
 bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline void SkipWs(const char*& p, const char* end) {
+  while (p < end && static_cast<unsigned char>(*p) <= ' ' && IsWs(*p)) ++p;
+}
+bool IsDigit(char c) { return static_cast<unsigned char>(c - '0') <= 9; }
+
+// Eight ASCII digits (little-endian load) to their value; `chunk` must hold only digits.
+inline uint64_t EightDigits(uint64_t chunk) {
+  chunk -= 0x3030303030303030ULL;
+  chunk = (chunk * 10) + (chunk >> 8);
+  return (((chunk & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
+          (((chunk >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >>
+         32;
+}
+
+// The 8 bytes at p are all ASCII digits.
+inline bool AllDigits(uint64_t chunk) {
+  return ((chunk & 0xF0F0F0F0F0F0F0F0ULL) |
+          (((chunk + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4)) ==
+         0x3333333333333333ULL;
+}
+
+// Reads the run of decimal digits at p (at least one) into *v; false when it passes UINT64_MAX.
+// Block hashes are ~20 digits: eight at a time while they last, then one at a time; no overflow
+// check before the 20th digit (19 digits stay below 10^19 < 2^64).
+inline bool ReadU64(const char*& p, const char* end, uint64_t* v) {
+  const char* const start = p;
+  uint64_t x = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    if (end - p >= 8) {
+      // A short number (a token id) in one step, without a branch per digit: the first
+      // non-digit byte's position from a mask (a digit byte d ^ '0' is 0..9, so + 0x76 keeps its
+      // top bit clear; any other byte sets it; a carry only runs upward, past the first), then
+      // the n digits moved up behind (8 - n) leading '0's.
+      uint64_t chunk;
+      std::memcpy(&chunk, p, 8);
+      const uint64_t d = chunk ^ 0x3030303030303030ULL;
+      const uint64_t non_digit = ((d + 0x7676767676767676ULL) | d) & 0x8080808080808080ULL;
+      if (non_digit != 0) {
+        const int n = std::countr_zero(non_digit) >> 3;  // >= 1: the caller saw a digit at p
+        *v = EightDigits((chunk << (8 * (8 - n))) | (0x3030303030303030ULL >> (8 * n)));
+        p += n;
+        return true;
+      }
+    }
+    for (int k = 0; k < 2 && end - p >= 8; ++k) {
+      uint64_t chunk;
+      std::memcpy(&chunk, p, 8);
+      if (!AllDigits(chunk)) break;
+      x = x * 100000000ULL + EightDigits(chunk);
+      p += 8;
+    }
+  }
+  while (p < end && IsDigit(*p) && p - start < 19) {
+    x = x * 10 + static_cast<uint64_t>(*p - '0');
+    ++p;
+  }
+  if (p < end && IsDigit(*p)) {  // the 20th digit
+    const uint64_t d = static_cast<uint64_t>(*p - '0');
+    if (x > (UINT64_MAX - d) / 10) return false;
+    x = x * 10 + d;
+    ++p;
+    if (p < end && IsDigit(*p)) return false;  // 21 digits
+  }
+  *v = x;
+  return true;
+}
 
 // Skips one JSON value starting at p (no validation beyond bracket and string structure).
 bool SkipValue(const char*& p, const char* end) {
@@ -236,9 +306,7 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
   const char* const begin = body.data();
   const char* const end = begin + body.size();
   const char* p = begin;
-  auto ws = [&] {
-    while (p < end && IsWs(*p)) ++p;
-  };
+  auto ws = [&] { SkipWs(p, end); };
   ws();
   if (p >= end || *p != '{') return std::nullopt;
   ++p;
@@ -265,6 +333,16 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
       if (p >= end || *p != '[') return std::nullopt;
       span_begin = p;
       out.key = std::string(key);
+      // Room for the list without regrowing: at least 2 bytes of text per element (pages not
+      // written are not touched).
+      const size_t guess =
+          std::min<size_t>(static_cast<size_t>(end - p) / 2 + 1,
+                           static_cast<size_t>(std::max<int64_t>(max_items, 0)) + 1);
+      if (signed_values) {
+        out.tokens.reserve(guess);
+      } else {
+        out.values.reserve(guess);
+      }
       ++p;
       ws();
       if (p < end && *p == ']') {
@@ -276,15 +354,10 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
             neg = true;
             ++p;
           }
-          if (p >= end || *p < '0' || *p > '9') return std::nullopt;
-          if (*p == '0' && p + 1 < end && p[1] >= '0' && p[1] <= '9') return std::nullopt;
+          if (p >= end || !IsDigit(*p)) return std::nullopt;
+          if (*p == '0' && p + 1 < end && IsDigit(p[1])) return std::nullopt;
           uint64_t v = 0;
-          while (p < end && *p >= '0' && *p <= '9') {
-            const uint64_t d = static_cast<uint64_t>(*p - '0');
-            if (v > (UINT64_MAX - d) / 10) return std::nullopt;
-            v = v * 10 + d;
-            ++p;
-          }
+          if (!ReadU64(p, end, &v)) return std::nullopt;
           if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return std::nullopt;
           if (neg) {
             if (v > uint64_t{1} << 63) return std::nullopt;
@@ -292,8 +365,14 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
           } else if (signed_values && v > static_cast<uint64_t>(INT64_MAX)) {
             return std::nullopt;
           }
-          out.values.push_back(v);
-          if (static_cast<int64_t>(out.values.size()) > max_items) return std::nullopt;
+          if (signed_values) {
+            out.tokens.push_back(static_cast<int64_t>(v));
+          } else {
+            out.values.push_back(v);
+          }
+          if (static_cast<int64_t>(out.values.size() + out.tokens.size()) > max_items) {
+            return std::nullopt;
+          }
           ws();
           if (p < end && *p == ',') {
             ++p;
@@ -555,16 +634,15 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
               : ScanBigList(body, {"token_ids"}, max_items, true);
   if (big) {
     KVO_ASSIGN_OR_RETURN(RouterQuery q, ParseRouterQueryDom(big->rest, by_hash, max_items));
-    if (by_hash) {
-      q.hashes = std::move(big->values);
-    } else {
-      q.token_ids.resize(big->values.size());
-      for (size_t i = 0; i < big->values.size(); ++i) {
-        q.token_ids[i] = static_cast<int64_t>(big->values[i]);
-      }
-    }
+    q.hashes = std::move(big->values);
+    q.token_ids = std::move(big->tokens);
     return q;
   }
+  return ParseRouterQueryDom(body, by_hash, max_items);
+}
+
+Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,
+                                              int64_t max_items) {
   return ParseRouterQueryDom(body, by_hash, max_items);
 }
 
@@ -615,8 +693,108 @@ void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, Insta
   dp = std::max(dp, longest);
 }
 
+namespace {
+
+// `s` as a JSON string, byte for byte what nlohmann's dump() writes for it; false (nothing
+// appended) for a byte >= 0x80, which the caller leaves to nlohmann (it checks the UTF-8).
+bool AppendJsonString(std::string* out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  }
+  out->push_back('"');
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\b':
+        out->append("\\b");
+        break;
+      case '\f':
+        out->append("\\f");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      default:
+        if (u < 0x20) {
+          out->append("\\u00");
+          out->push_back(kHex[u >> 4]);
+          out->push_back(kHex[u & 15]);
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+  return true;
+}
+
+void AppendJsonKey(std::string* out, std::string_view s) {
+  if (!AppendJsonString(out, s)) out->append(OJson(std::string(s)).dump());
+  out->push_back(':');
+}
+
+void AppendInt(std::string* out, int64_t v) {
+  char b[24];
+  auto [end, ec] = std::to_chars(b, b + sizeof b, v);
+  out->append(b, end);
+}
+
+}  // namespace
+
+// Written directly (the OJson tree of 100 instances cost ~130 us, a fifth of a /query_by_hash
+// handler); the same bytes as the tree's dump(): keys in insertion order, no spaces
+// (RouterApiTest's RenderedResponseEqualsTheJsonTree).
 std::string RenderRouterQueryResponse(const std::string& tenant,
                                       const std::map<std::string, InstanceMatch>& instances) {
+  std::string out;
+  out.reserve(32 + instances.size() * 96);
+  out.push_back('{');
+  AppendJsonKey(&out, tenant);
+  out.push_back('{');
+  bool first = true;
+  for (const auto& [id, m] : instances) {
+    if (!first) out.push_back(',');
+    first = false;
+    AppendJsonKey(&out, id);
+    out.append("{\"longest_matched\":");
+    AppendInt(&out, m.longest_matched);
+    out.append(",\"GPU\":");
+    AppendInt(&out, m.gpu);
+    out.append(",\"DP\":{");
+    bool first_rank = true;
+    for (const auto& [rank, n] : m.dp) {
+      if (!first_rank) out.push_back(',');
+      first_rank = false;
+      out.push_back('"');
+      AppendInt(&out, rank);
+      out.append("\":");
+      AppendInt(&out, n);
+    }
+    out.append("},\"CPU\":");
+    AppendInt(&out, m.cpu);
+    out.append(",\"DISK\":");
+    AppendInt(&out, m.disk);
+    out.push_back('}');
+  }
+  out.append("}}");
+  return out;
+}
+
+std::string RenderRouterQueryResponseTree(const std::string& tenant,
+                                          const std::map<std::string, InstanceMatch>& instances) {
   OJson by_instance = OJson::object();
   for (const auto& [id, m] : instances) {
     OJson e;

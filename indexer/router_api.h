@@ -103,6 +103,10 @@ struct RouterQuery {
 // by_hash: /query_by_hash ("seq_hashes" or "block_hash"), else /query ("token_ids"). A list
 // longer than max_items is a 400 (checked on the text before the DOM is built).
 Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items);
+// The same without the list scanner (the whole body through the JSON DOM): the reference the
+// scanner must agree with (router_api_test, router_query_fuzz).
+Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,
+                                              int64_t max_items);
 
 // One stream's tiered match, in blocks: its GPU prefix, then (from the first GPU miss) blocks
 // held on GPU or CPU, then blocks held on any of GPU, CPU, DISK.
@@ -130,6 +134,10 @@ void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, Insta
 // {tenant: {instance_id: {...}}}
 std::string RenderRouterQueryResponse(const std::string& tenant,
                                       const std::map<std::string, InstanceMatch>& instances);
+// The same through a JSON tree (nlohmann's ordered_json): the reference the direct writer above
+// must equal byte for byte (router_api_test).
+std::string RenderRouterQueryResponseTree(const std::string& tenant,
+                                          const std::map<std::string, InstanceMatch>& instances);
 
 // {"status": "registered successfully", "instance_id": id}
 std::string RenderRegistered(const std::string& instance_id);

@@ -60,6 +60,9 @@ void AddBenchCommand(CLI::App& app) {
       ->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
+  cmd->add_option("--only", options->only,
+                  "run only the case groups whose name contains this (events: hash_chain, codec, "
+                  "pubsub, lag, restart, journal; indexer: ingest, score, router)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
       ->capture_default_str();
   cmd->callback([area, options] {

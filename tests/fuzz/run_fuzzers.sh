@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (the `fuzz` CMake preset: clang, ASan + UBSan) and runs each one for
 # SECONDS with its seed corpus; fails on the first crash, leak, sanitizer report or check failure.
-#   tests/fuzz/run_fuzzers.sh 10          # CI (16 targets x 10 s)
+#   tests/fuzz/run_fuzzers.sh 10          # CI (17 targets x 10 s)
 #   tests/fuzz/run_fuzzers.sh 600 journal_reader_fuzz
 #   tests/fuzz/run_fuzzers.sh --regressions [TARGET...]
 # New inputs found go to build/fuzz/corpus/<target>/ (never into the source tree); a crashing input
@@ -37,6 +37,8 @@ declare -A seeds=(
   [indexer_config_fuzz]=indexer_config
   [source_flag_fuzz]=source_flag
   [http_api_fuzz]=http_api
+  [router_query_fuzz]=router_query
+  [kv_event_sources_fuzz]=kv_event_sources
   [event_json_fuzz]=event_json
   [trace_reader_fuzz]=trace_reader
   [manager_ops_fuzz]=manager_ops
@@ -53,7 +55,7 @@ if [[ ${#targets[@]} -eq 0 ]]; then
   targets=(journal_reader_fuzz batch_decoder_fuzz kv_events_config_fuzz kv_transfer_config_fuzz
            request_params_fuzz indexer_config_fuzz source_flag_fuzz http_api_fuzz event_json_fuzz
            trace_reader_fuzz manager_ops_fuzz replay_frames_fuzz fs_names_fuzz fs_config_fuzz
-           fs_record_fuzz)
+           fs_record_fuzz router_query_fuzz kv_event_sources_fuzz)
 fi
 for t in "${targets[@]}"; do
   [[ -n "${seeds[$t]:-}" ]] || { echo "unknown fuzz target '$t'" >&2; exit 2; }

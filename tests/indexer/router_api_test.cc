@@ -374,6 +374,114 @@ TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
 // boundary integers) it answers exactly what the JSON itself says, and bodies the fast path must
 // not accept (floats, a key twice, a value out of range, escaped keys) get the DOM's verdict.
 // Seed printed.
+// The list scanner reads digits eight at a time and checks overflow only at the 20th: every
+// number shape (1..22 digits, leading zeros, a sign, a fraction, an exponent, junk) gives the
+// reference parser's answer, and an error names the same element.
+// The /query answer is written directly; it must equal the JSON tree's dump byte for byte,
+// whatever the tenant and instance names hold (quotes, backslashes, control bytes, UTF-8).
+TEST(RouterQueryParseTest, RenderedResponseEqualsTheJsonTree) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const std::vector<std::string> pieces = {"a",        "engine-7",
+                                           "\"",       "\\",
+                                           "\n",       "\t",
+                                           "\b",       "\f",
+                                           "\r",       std::string(1, '\0'),
+                                           "\x01",     "\x1f",
+                                           "\x7f",     "/",
+                                           "\xc3\xa9", "\xe2\x82\xac",
+                                           " ",        "{}"};
+  auto name = [&] {
+    std::string n;
+    for (int i = static_cast<int>(rng() % 5); i >= 0; --i) n += pieces[rng() % pieces.size()];
+    return n;
+  };
+  for (int round = 0; round < 500; ++round) {
+    std::map<std::string, InstanceMatch> instances;
+    for (int i = static_cast<int>(rng() % 6); i > 0; --i) {
+      InstanceMatch& m = instances[name()];
+      m.longest_matched = static_cast<int64_t>(rng() % 200000);
+      m.gpu = static_cast<int64_t>(rng() % 3) - 1;
+      m.cpu = round % 2 ? INT64_MAX : INT64_MIN;
+      m.disk = static_cast<int64_t>(rng());
+      for (int r = static_cast<int>(rng() % 4); r > 0; --r) {
+        m.dp[static_cast<int64_t>(rng() % 9) - 2] = static_cast<int64_t>(rng() % 1000);
+      }
+    }
+    const std::string tenant = name();
+    const std::string direct = RenderRouterQueryResponse(tenant, instances);
+    ASSERT_EQ(direct, RenderRouterQueryResponseTree(tenant, instances));
+    EXPECT_TRUE(Json::accept(direct)) << direct;
+  }
+}
+
+TEST(RouterQueryParseTest, ScannerAgreesWithTheReferenceOnEveryNumberShape) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto digits = [&](int n) {
+    std::string d;
+    for (int i = 0; i < n; ++i) d += static_cast<char>('0' + rng() % 10);
+    return d;
+  };
+  auto element = [&]() -> std::string {
+    const int len = 1 + static_cast<int>(rng() % 22);
+    std::string d = digits(len);
+    switch (rng() % 12) {
+      case 0:
+        return "-" + d;
+      case 1:
+        return d + ".5";
+      case 2:
+        return d + "e1";
+      case 3:
+        return "+" + d;
+      case 4:
+        return "18446744073709551615";  // UINT64_MAX
+      case 5:
+        return "18446744073709551616";  // UINT64_MAX + 1
+      case 6:
+        return "-9223372036854775808";  // INT64_MIN
+      case 7:
+        return "-9223372036854775809";
+      case 8:
+        return std::string(rng() % 2 ? "0" : "") + "9223372036854775807";
+      default:
+        if (d.size() > 1 && d[0] == '0') d[0] = '1';
+        return d;
+    }
+  };
+  int accepted = 0;
+  for (int round = 0; round < 2000; ++round) {
+    const bool by_hash = rng() % 2 == 0;
+    const int n = static_cast<int>(rng() % 6);
+    std::string list = "[";
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + element();
+    list += "]";
+    const std::string body = R"({"model": "m", "block_size": 16, ")" +
+                             std::string(by_hash ? "seq_hashes" : "token_ids") + R"(": )" + list +
+                             "}";
+    auto fast = ParseRouterQuery(body, by_hash, 100);
+    auto ref = ParseRouterQueryReference(body, by_hash, 100);
+    ASSERT_EQ(fast.ok(), ref.ok())
+        << body << " -> " << fast.status().ToString() << " / " << ref.status().ToString();
+    if (fast.ok()) {
+      ++accepted;
+      ASSERT_EQ(fast->hashes, ref->hashes) << body;
+      ASSERT_EQ(fast->token_ids, ref->token_ids) << body;
+    } else {
+      ASSERT_EQ(fast.status().message(), ref.status().message()) << body;
+      const std::string_view m = fast.status().message();
+      if (m.find("invalid JSON") == std::string_view::npos) {  // a syntax error names the byte
+        ASSERT_NE(m.find(by_hash ? "'seq_hashes[" : "'token_ids["), std::string_view::npos)
+            << body << " -> " << fast.status().ToString();
+      }
+    }
+  }
+  EXPECT_GT(accepted, 100);  // the shapes exercise the accepting path too
+}
+
 TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
