@@ -50,8 +50,8 @@ std::vector<KvEvent> Take(OffloadManager& m) {
 }
 
 // A chunk of 2 blocks whose last block hash is the key's wire hash (B.4).
-ChunkMetadata Meta(const OffloadKey& key, uint64_t first_hash, std::optional<uint64_t> parent) {
-  ChunkMetadata m;
+BlockStored Meta(const OffloadKey& key, uint64_t first_hash, std::optional<uint64_t> parent) {
+  BlockStored m;
   m.block_hashes = {BlockHash::Uint(first_hash), BlockHash::Uint(key.Wire())};
   if (parent) m.parent_block_hash = BlockHash::Uint(*parent);
   m.token_ids = {1, 2, 3, 4, 5, 6, 7, 8};
