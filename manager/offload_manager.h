@@ -216,8 +216,9 @@ struct ManagerOptions {
   bool enable_events = true;  // CPU tier + reset events (vLLM's enable_events); tiers: their own
   bool self_describing_events = false;  // B.9 self-describing form (needs RecordChunkMetadata)
   std::vector<std::shared_ptr<SecondaryTier>> secondary_tiers;  // in lookup order
-  // Keep the key of every CPU slot (40 bytes per slot) so Snapshot() and CheckInvariants() can
-  // enumerate the CPU tier. Off by default: the policy alone is the per-block state.
+  // Keep the key of every CPU slot (40 bytes per slot) so Snapshot() and the invariant check
+  // (manager/testing/offload_manager_peer.h) can enumerate the CPU tier. Off by default: the
+  // policy alone is the per-block state.
   bool track_blocks = false;
 
   // Where PublishEvents sends the KV events. A publisher with a journal (PublisherOptions.journal
