@@ -227,8 +227,7 @@ bool CpuTier::PrepareStore(std::span<const OffloadKey> keys, PrepareStoreOutput*
       OffloadingEvent& e = NewEvent();
       e.keys.assign(out->evicted_keys.begin(), out->evicted_keys.end());
       e.medium = Medium::kCpu;
-      e.removed = true;
-      e.reason = RemovalReason::kEvicted;
+      e.change = KeysRemoved{RemovalReason::kEvicted};
     }
   }
 
@@ -264,7 +263,7 @@ Status CpuTier::CompleteStore(std::span<const OffloadKey> keys, bool success,
       OffloadingEvent& e = NewEvent();
       e.keys.assign(changed->begin() + static_cast<std::ptrdiff_t>(first), changed->end());
       e.medium = Medium::kCpu;
-      e.removed = false;
+      e.change = KeysStored{};
     }
   } else {
     for (const OffloadKey& key : keys) {

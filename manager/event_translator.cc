@@ -4,13 +4,13 @@
 
 namespace kvo {
 
-void EventTranslator::Record(const OffloadKey& key, ChunkMetadata metadata, bool overwrite) {
+void EventTranslator::Record(const OffloadKey& key, BlockStored chunk, bool overwrite) {
   if (!self_describing_) return;
   Entry& e = entries_[key];
   if (e.meta.has_value() && !overwrite) return;
   // A key announced in self-describing form keeps the metadata its removal must repeat.
   if (e.described_tiers != 0 && e.meta.has_value()) return;
-  e.meta = std::move(metadata);
+  e.meta = std::move(chunk);
 }
 
 void EventTranslator::ForgetUnannounced(const OffloadKey& key) {
@@ -18,10 +18,10 @@ void EventTranslator::ForgetUnannounced(const OffloadKey& key) {
   if (it != entries_.end() && it->second.described_tiers == 0) entries_.erase(it);
 }
 
-void EventTranslator::Adopt(const OffloadKey& key, ChunkMetadata metadata, int32_t tier) {
+void EventTranslator::Adopt(const OffloadKey& key, BlockStored chunk, int32_t tier) {
   if (!self_describing_) return;
   Entry& e = entries_[key];
-  if (!e.meta.has_value()) e.meta = std::move(metadata);
+  if (!e.meta.has_value()) e.meta = std::move(chunk);
   e.described_tiers |= Bit(tier);
 }
 
@@ -36,28 +36,19 @@ BlockStored EventTranslator::PlaceholderStored(const OffloadKey& key, Medium med
   return s;
 }
 
-BlockStored EventTranslator::DescribedStored(const OffloadKey& key, const ChunkMetadata& meta,
+BlockStored EventTranslator::DescribedStored(const OffloadKey& key, BlockStored chunk,
                                              Medium medium,
                                              const std::optional<std::string>& locality) {
-  BlockStored s;
-  s.block_hashes = meta.block_hashes;
-  s.parent_block_hash = meta.parent_block_hash;
-  s.token_ids = meta.token_ids;
-  s.block_size = meta.block_size;
-  s.lora_id = meta.lora_id;
-  s.medium = std::string(MediumName(medium));
-  s.lora_name = meta.lora_name;
-  s.group_idx = key.group();
-  s.kv_cache_spec_kind = meta.kv_cache_spec_kind;
-  s.kv_cache_spec_sliding_window = meta.kv_cache_spec_sliding_window;
-  s.locality = locality;
-  return s;
+  chunk.medium = std::string(MediumName(medium));
+  chunk.group_idx = key.group();
+  chunk.locality = locality;
+  return chunk;
 }
 
 void EventTranslator::Translate(const OffloadingEvent& event, std::vector<KvEvent>* out) {
   if (event.keys.empty()) return;
   const uint64_t bit = Bit(event.tier);
-  if (!event.removed) {
+  if (!event.removed()) {
     for (const OffloadKey& key : event.keys) {
       if (self_describing_) {
         auto it = entries_.find(key);
@@ -87,8 +78,8 @@ void EventTranslator::Translate(const OffloadingEvent& event, std::vector<KvEven
       r.medium = std::string(MediumName(event.medium));
       r.group_idx = key.group();
       r.locality = event.locality;
-      if (event.reason != RemovalReason::kNone)
-        r.reason = std::string(RemovalReasonName(event.reason));
+      if (event.reason() != RemovalReason::kNone)
+        r.reason = std::string(RemovalReasonName(event.reason()));
       out->emplace_back(std::move(r));
       groups_.emplace_back(key.group(), index);
     }

@@ -31,11 +31,12 @@ class EventTranslator {
 
   bool self_describing() const { return self_describing_; }
 
-  void Record(const OffloadKey& key, ChunkMetadata metadata, bool overwrite);
+  // `chunk`: the chunk's BlockStored payload (OffloadManager::RecordChunkMetadata).
+  void Record(const OffloadKey& key, BlockStored chunk, bool overwrite);
   // Drops metadata that no tier announced (a failed store). No-op otherwise.
   void ForgetUnannounced(const OffloadKey& key);
   // Recovery: `tier` holds `key` and announced it with `metadata`.
-  void Adopt(const OffloadKey& key, ChunkMetadata metadata, int32_t tier);
+  void Adopt(const OffloadKey& key, BlockStored chunk, int32_t tier);
 
   // Appends the KV events of `event` to *out.
   void Translate(const OffloadingEvent& event, std::vector<KvEvent>* out);
@@ -45,16 +46,17 @@ class EventTranslator {
 
   size_t metadata_size() const { return entries_.size(); }
 
-  // The two forms, for one key.
+  // The two forms, for one key. DescribedStored: `chunk` with this announcement's medium, group
+  // (the key's) and locality.
   static BlockStored PlaceholderStored(const OffloadKey& key, Medium medium,
                                        const std::optional<std::string>& locality);
-  static BlockStored DescribedStored(const OffloadKey& key, const ChunkMetadata& meta,
-                                     Medium medium, const std::optional<std::string>& locality);
+  static BlockStored DescribedStored(const OffloadKey& key, BlockStored chunk, Medium medium,
+                                     const std::optional<std::string>& locality);
 
  private:
   struct Entry {
-    std::optional<ChunkMetadata> meta;
-    uint64_t described_tiers = 0;  // bit t: tier t announced the key in self-describing form
+    std::optional<BlockStored> meta;  // the chunk's payload
+    uint64_t described_tiers = 0;     // bit t: tier t announced the key in self-describing form
   };
   static uint64_t Bit(int32_t tier) { return tier >= 0 && tier < 64 ? (1ull << tier) : 0; }
 

@@ -165,12 +165,10 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
 
 void IndexedTier::Emit(std::vector<OffloadKey> keys, bool removed, RemovalReason reason) {
   if (!options_.enable_kv_events || keys.empty()) return;
-  OffloadingEvent& e = events_.emplace_back();
-  e.keys = std::move(keys);
-  e.medium = Medium::kStorage;
-  e.removed = removed;
-  e.locality = options_.locality;
-  e.reason = reason;
+  events_.push_back(
+      removed
+          ? OffloadingEvent::Removed(std::move(keys), Medium::kStorage, reason, options_.locality)
+          : OffloadingEvent::Stored(std::move(keys), Medium::kStorage, options_.locality));
 }
 
 LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& ctx) {

@@ -10,6 +10,7 @@
 #include "events/codec.h"
 #include "manager/metrics.h"
 #include "manager/offload_manager_internal.h"
+#include "manager/testing/offload_manager_peer.h"
 
 namespace kvo {
 
@@ -54,8 +55,8 @@ size_t MediumIndex(Medium medium) {
 }
 
 size_t KindIndex(const OffloadingEvent& e) {
-  if (!e.removed) return 0;
-  switch (e.reason) {
+  if (!e.removed()) return 0;
+  switch (e.reason()) {
     case RemovalReason::kEvicted:
       return 1;
     case RemovalReason::kFailed:
@@ -78,6 +79,27 @@ void CountEvents(std::span<const OffloadingEvent> events, EventCounts* counts) {
 }
 
 }  // namespace
+
+OffloadingEvent OffloadingEvent::Stored(std::vector<OffloadKey> keys, Medium medium,
+                                        std::optional<std::string> locality) {
+  return OffloadingEvent{std::move(keys), medium, std::move(locality), 0, KeysStored{}};
+}
+
+OffloadingEvent OffloadingEvent::Removed(std::vector<OffloadKey> keys, Medium medium,
+                                         RemovalReason reason,
+                                         std::optional<std::string> locality) {
+  return OffloadingEvent{std::move(keys), medium, std::move(locality), 0, KeysRemoved{reason}};
+}
+
+OffloadingEvent OffloadingEvent::Cleared(std::vector<OffloadKey> keys, Medium medium) {
+  return OffloadingEvent{std::move(keys), medium, std::nullopt, 0, KeysCleared{}};
+}
+
+RemovalReason OffloadingEvent::reason() const {
+  if (const auto* r = std::get_if<KeysRemoved>(&change)) return r->reason;
+  return std::holds_alternative<KeysCleared>(change) ? RemovalReason::kCleared
+                                                     : RemovalReason::kNone;
+}
 
 Result<std::unique_ptr<OffloadManager>> OffloadManager::Create(ManagerOptions options) {
   if (options.store_threshold >= 2 && !options.secondary_tiers.empty()) {
@@ -215,9 +237,8 @@ Status OffloadManager::CompleteStore(std::span<const OffloadKey> keys, const Req
   return Status::Ok();
 }
 
-void OffloadManager::RecordChunkMetadata(const OffloadKey& key, ChunkMetadata metadata,
-                                         bool overwrite) {
-  impl_->translator.Record(key, std::move(metadata), overwrite);
+void OffloadManager::RecordChunkMetadata(const OffloadKey& key, BlockStored chunk, bool overwrite) {
+  impl_->translator.Record(key, std::move(chunk), overwrite);
 }
 
 OffloadPolicy OffloadManager::OnNewRequest(const RequestContext& ctx) {
@@ -283,12 +304,7 @@ void OffloadManager::ResetCache() {
   }
   m.taken.clear();
   if (ready.empty()) return;
-  OffloadingEvent cleared;
-  cleared.keys = std::move(ready);
-  cleared.medium = Medium::kCpu;
-  cleared.removed = true;
-  cleared.reason = RemovalReason::kCleared;
-  m.cpu.AddEvent(std::move(cleared));
+  m.cpu.AddEvent(OffloadingEvent::Cleared(std::move(ready), Medium::kCpu));
   // The secondary tiers keep their data and their announcements.
 }
 
@@ -383,14 +399,8 @@ ManagerStats OffloadManager::GetStats() const {
     s.tiers.resize(m.tiers.size() + 1);
     for (size_t t = 0; t < s.tiers.size(); ++t) {
       TierStats& ts = s.tiers[t];
-      const Impl::TierCounters& c = m.tier_counters[t];
+      ts = m.tier_counters[t].stats;
       ts.label = t == 0 ? PrimaryTierLabel() : SecondaryTierLabel(t - 1, m.tiers[t - 1]->name());
-      ts.block_queries = c.queries;
-      ts.block_hits = c.hits;
-      ts.promotion_job_failures = c.promotion_job_failures;
-      ts.cascade_job_failures = c.cascade_job_failures;
-      ts.lookup_sync_delay = c.sync_delay;
-      ts.lookup_async_delay = c.async_delay;
     }
     std::vector<size_t> writing(s.tiers.size(), 0), reading(s.tiers.size(), 0);
     for (const auto& [id, job] : m.jobs) {
@@ -456,10 +466,13 @@ Result<ManagerSnapshot> OffloadManager::Snapshot() const {
   return snap;
 }
 
-Status OffloadManager::CheckInvariants() const { return impl_->cpu.CheckInvariants(); }
-
 size_t OffloadManager::num_secondary_tiers() const { return impl_->tiers.size(); }
 SecondaryTier& OffloadManager::secondary_tier(size_t i) { return *impl_->tiers[i]; }
-CachePolicy& OffloadManager::cpu_policy() { return impl_->cpu.policy(); }
+
+// The test hooks (manager/testing/offload_manager_peer.h).
+Status OffloadManagerPeer::CheckInvariants(const OffloadManager& m) {
+  return m.impl_->cpu.CheckInvariants();
+}
+CachePolicy& OffloadManagerPeer::CpuPolicy(OffloadManager& m) { return m.impl_->cpu.policy(); }
 
 }  // namespace kvo

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "common/clock.h"
@@ -67,33 +68,41 @@ struct PrepareStoreOutput {
   std::vector<OffloadKey> evicted_keys;
 };
 
-// vLLM's OffloadingEvent, plus the removal reason and the tier that emitted it.
+// What an OffloadingEvent says happened to its keys: stored; removed, with kvo's `reason`
+// extension of BlockRemoved (vLLM decoders ignore it: kEvicted | kFailed | kRestart | kDemoted, or
+// kNone when none is given); or cleared by ResetCache (announced as a removal, reason "cleared").
+struct KeysStored {
+  friend bool operator==(const KeysStored&, const KeysStored&) = default;
+};
+struct KeysRemoved {
+  RemovalReason reason = RemovalReason::kNone;
+  friend bool operator==(const KeysRemoved&, const KeysRemoved&) = default;
+};
+struct KeysCleared {
+  friend bool operator==(const KeysCleared&, const KeysCleared&) = default;
+};
+using OffloadChange = std::variant<KeysStored, KeysRemoved, KeysCleared>;
+
+// vLLM's OffloadingEvent, with the change as a type and the tier that emitted it.
 struct OffloadingEvent {
   std::vector<OffloadKey> keys;
   Medium medium = Medium::kCpu;  // kCpu | kStorage
-  bool removed = false;
   std::optional<std::string> locality;
-  // Removals only (the kvo `reason` extension of BlockRemoved; vLLM decoders ignore it):
-  // kEvicted | kFailed | kCleared | kRestart; kNone when none is given.
-  RemovalReason reason = RemovalReason::kNone;
   int32_t tier = 0;  // 0: the CPU primary tier; i + 1: secondary tier i
+  OffloadChange change;
+
+  static OffloadingEvent Stored(std::vector<OffloadKey> keys, Medium medium,
+                                std::optional<std::string> locality = std::nullopt);
+  static OffloadingEvent Removed(std::vector<OffloadKey> keys, Medium medium, RemovalReason reason,
+                                 std::optional<std::string> locality = std::nullopt);
+  static OffloadingEvent Cleared(std::vector<OffloadKey> keys, Medium medium);
+
+  // vLLM's `removed` flag: a removal or a clear.
+  bool removed() const { return !std::holds_alternative<KeysStored>(change); }
+  // The reason a removal is announced with: kNone for a store, kCleared for a clear.
+  RemovalReason reason() const;
 
   friend bool operator==(const OffloadingEvent&, const OffloadingEvent&) = default;
-};
-
-// Self-describing metadata of one offloaded chunk (vLLM's _OffloadEventMetadata, B.9), recorded by
-// the caller (RecordChunkMetadata) when it builds the store; the group comes from the key.
-struct ChunkMetadata {
-  std::vector<BlockHash> block_hashes;  // the chunk's per-block hashes at the group block size
-  std::optional<BlockHash> parent_block_hash;  // the hash before the chunk's first (None: chunk 0)
-  std::vector<int64_t> token_ids;              // the whole chunk's tokens
-  int64_t block_size = 0;                      // the group's tokens_per_block
-  std::optional<int64_t> lora_id;
-  std::optional<std::string> lora_name;
-  std::optional<std::string> kv_cache_spec_kind;  // e.g. "full_attention"
-  std::optional<int64_t> kv_cache_spec_sliding_window;
-
-  friend bool operator==(const ChunkMetadata&, const ChunkMetadata&) = default;
 };
 
 // Cumulative counters (never reset by reading; a metrics exporter takes deltas) and gauges.
@@ -207,8 +216,9 @@ struct ManagerOptions {
   bool enable_events = true;  // CPU tier + reset events (vLLM's enable_events); tiers: their own
   bool self_describing_events = false;  // B.9 self-describing form (needs RecordChunkMetadata)
   std::vector<std::shared_ptr<SecondaryTier>> secondary_tiers;  // in lookup order
-  // Keep the key of every CPU slot (40 bytes per slot) so Snapshot() and CheckInvariants() can
-  // enumerate the CPU tier. Off by default: the policy alone is the per-block state.
+  // Keep the key of every CPU slot (40 bytes per slot) so Snapshot() and the invariant check
+  // (manager/testing/offload_manager_peer.h) can enumerate the CPU tier. Off by default: the
+  // policy alone is the per-block state.
   bool track_blocks = false;
 
   // Where PublishEvents sends the KV events. A publisher with a journal (PublisherOptions.journal
@@ -277,10 +287,14 @@ class OffloadManager {
   Status CompleteStore(std::span<const OffloadKey> keys, const RequestContext& ctx,
                        bool success = true);
 
-  // Self-describing events: the chunk metadata of `key`, used by the events of every tier while
-  // the key is held somewhere; dropped when the last tier removes it (or its store fails).
-  // With `overwrite` false an existing snapshot is kept (vLLM's record_lookup).
-  void RecordChunkMetadata(const OffloadKey& key, ChunkMetadata metadata, bool overwrite = true);
+  // Self-describing events: the chunk payload of `key` (vLLM's _OffloadEventMetadata, B.9), as the
+  // BlockStored it is announced as: block_hashes (the chunk's per-block hashes at the group block
+  // size), parent_block_hash (None: chunk 0), token_ids (the whole chunk's), block_size, LoRA,
+  // kv_cache_spec_*; medium, group_idx (the key's group) and locality are set per announcement.
+  // Used by the events of every tier while the key is held somewhere; dropped when the last tier
+  // removes it (or its store fails). With `overwrite` false an existing snapshot is kept (vLLM's
+  // record_lookup).
+  void RecordChunkMetadata(const OffloadKey& key, BlockStored chunk, bool overwrite = true);
 
   OffloadPolicy OnNewRequest(const RequestContext& ctx);
   void OnRequestFinished(const RequestContext& ctx);
@@ -313,16 +327,15 @@ class OffloadManager {
   ManagerStats GetStats() const;
   // FailedPrecondition unless options.track_blocks.
   Result<ManagerSnapshot> Snapshot() const;
-  // Cross-checks the CPU tier's slot table, counters and policy (tests; Internal when broken).
-  Status CheckInvariants() const;
 
   size_t num_secondary_tiers() const;
   SecondaryTier& secondary_tier(size_t i);
-  CachePolicy& cpu_policy();  // for tests that look inside (e.g. ARC lists)
 
   struct Impl;
 
  private:
+  friend class OffloadManagerPeer;  // manager/testing/offload_manager_peer.h
+
   explicit OffloadManager(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

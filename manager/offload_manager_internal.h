@@ -81,14 +81,10 @@ struct OffloadManager::Impl {
   std::vector<OffloadingEvent> taken;
 
   // Per tier ([0] the CPU tier, [i + 1] secondary tier i), tiered managers only: the tiering
-  // metric family's counters (ManagerStats::tiers).
+  // metric family's counters (ManagerStats::tiers; GetStats adds the label, the active jobs and
+  // the usage gauges).
   struct TierCounters {
-    uint64_t queries = 0;
-    uint64_t hits = 0;
-    uint64_t promotion_job_failures = 0;
-    uint64_t cascade_job_failures = 0;
-    BucketCounts sync_delay;
-    BucketCounts async_delay;
+    TierStats stats;  // block_queries, block_hits, *_job_failures, lookup_*_delay
     // Keys this tier answered RETRY, since when (MonotonicNanos); bounded by kMaxRetryTracked.
     std::unordered_map<OffloadKey, int64_t, OffloadKeyHash> retry_since;
   };

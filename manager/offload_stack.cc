@@ -24,18 +24,15 @@ Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
         std::to_string(o.cpu_rows.row_stride) + " bytes) do not hold the geometry's " +
         std::to_string(g.num_blocks) + " rows of " + std::to_string(g.row_bytes) + " bytes");
   }
-  ManagerOptions m;
+  ManagerOptions m = o.manager;
   m.num_blocks = g.num_blocks;
   m.eviction_policy = c.eviction_policy;
+  m.policy_factory = nullptr;
   m.store_threshold = c.store_threshold;
   m.max_tracker_size = static_cast<size_t>(c.max_tracker_size);
   m.enable_events = o.enable_kv_cache_events;
   m.self_describing_events = c.self_describing_kv_events;
-  m.publisher = o.publisher;
-  m.journal = o.journal;
-  m.clock = o.clock;
-  m.data_parallel_rank = o.data_parallel_rank;
-  m.track_blocks = o.track_blocks;
+  m.secondary_tiers.clear();
   if (c.spec != OffloadSpec::kTiering) return m;  // vLLM ignores secondary_tiers then
 
   for (size_t i = 0; i < c.secondary_tiers.size(); ++i) {

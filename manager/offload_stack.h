@@ -40,12 +40,11 @@ struct OffloadStackOptions {
   // parallelism); blocks_per_file is taken from the geometry.
   FsRunFields run;
   bool enable_kv_cache_events = false;  // the global --kv-events-config flag
-  // As ManagerOptions: where PublishEvents goes, batch clock, DP rank, per-slot key tracking.
-  EventPublisher* publisher = nullptr;
-  Journal* journal = nullptr;
-  Clock* clock = nullptr;
-  std::optional<int64_t> data_parallel_rank;
-  bool track_blocks = false;
+  // The manager's options as the caller sets them (publisher, journal, clock, data_parallel_rank,
+  // track_blocks, ...). The builder overwrites what the config and geometry decide: num_blocks,
+  // eviction_policy (policy_factory cleared), store_threshold, max_tracker_size, enable_events
+  // (enable_kv_cache_events), self_describing_events and secondary_tiers.
+  ManagerOptions manager;
 };
 
 // One `fs` secondary tier as the stack builds it (also used alone: kvo.vllm.KvoFsTier under vLLM's

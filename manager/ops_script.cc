@@ -116,7 +116,7 @@ Result<Json> RunOp(OffloadManager& m, const Json& line) {
       Json j;
       j["keys"] = Hexes(e.keys);
       j["medium"] = std::string(MediumName(e.medium));
-      j["removed"] = e.removed;
+      j["removed"] = e.removed();
       events.push_back(std::move(j));
     }
     out["events"] = std::move(events);

@@ -16,19 +16,6 @@
 namespace kvo {
 namespace {
 
-ChunkMetadata MetadataOf(const BlockStored& s) {
-  ChunkMetadata m;
-  m.block_hashes = s.block_hashes;
-  m.parent_block_hash = s.parent_block_hash;
-  m.token_ids = s.token_ids;
-  m.block_size = s.block_size;
-  m.lora_id = s.lora_id;
-  m.lora_name = s.lora_name;
-  m.kv_cache_spec_kind = s.kv_cache_spec_kind;
-  m.kv_cache_spec_sliding_window = s.kv_cache_spec_sliding_window;
-  return m;
-}
-
 // Collects the restart removals: one BlockRemoved per (medium, group, residency), each hash listed
 // once per reference the consumers hold.
 class Removals {
@@ -112,15 +99,15 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions o
         hashes.clear();
         for (const BlockHash& h : described->block_hashes) hashes.push_back(h.Low64());
         if (take(key.group(), hashes, t.locality())) {
-          m.translator.Adopt(key, MetadataOf(*described), tier);
+          m.translator.Adopt(key, *described, tier);
           continue;
         }
       }
       if (take(key.group(), {key.Wire()}, t.locality())) continue;
       if (m.translator.self_describing() && described != nullptr) {
-        ChunkMetadata meta = MetadataOf(*described);
-        stores.emplace_back(EventTranslator::DescribedStored(key, meta, t.medium(), t.locality()));
-        m.translator.Adopt(key, std::move(meta), tier);
+        stores.emplace_back(
+            EventTranslator::DescribedStored(key, *described, t.medium(), t.locality()));
+        m.translator.Adopt(key, *described, tier);
       } else {
         stores.emplace_back(EventTranslator::PlaceholderStored(key, t.medium(), t.locality()));
       }

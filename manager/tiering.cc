@@ -31,16 +31,16 @@ LookupResult OffloadManager::Impl::TimedTierLookup(size_t t, const OffloadKey& k
   const int64_t start = clock->MonotonicNanos();
   const LookupResult r = lookup();
   const int64_t end = clock->MonotonicNanos();
-  c.sync_delay.Observe(kSyncBounds, static_cast<double>(end - start) / 1e9);
-  ++c.queries;
-  if (r == LookupResult::kHit || (t == 0 && r == LookupResult::kHitPending)) ++c.hits;
+  c.stats.lookup_sync_delay.Observe(kSyncBounds, static_cast<double>(end - start) / 1e9);
+  ++c.stats.block_queries;
+  if (r == LookupResult::kHit || (t == 0 && r == LookupResult::kHitPending)) ++c.stats.block_hits;
   if (r == LookupResult::kRetry) {
     if (c.retry_since.size() >= kMaxRetryTracked) c.retry_since.clear();  // bounded memory
     c.retry_since.try_emplace(key, end);
   } else if (!c.retry_since.empty()) {
     auto it = c.retry_since.find(key);
     if (it != c.retry_since.end()) {
-      c.async_delay.Observe(kAsyncBounds, static_cast<double>(end - it->second) / 1e9);
+      c.stats.lookup_async_delay.Observe(kAsyncBounds, static_cast<double>(end - it->second) / 1e9);
       c.retry_since.erase(it);
     }
   }
@@ -105,7 +105,7 @@ void OffloadManager::Impl::ProcessFinishedJobs() {
         // Cascade done: release the pins taken when it was submitted.
         if (!r.success) {
           ++cascade_job_failures;
-          ++tier_counters[i + 1].cascade_job_failures;
+          ++tier_counters[i + 1].stats.cascade_job_failures;
         }
         Status s = cpu.CompleteLoad(job.keys);
         if (!s.ok()) KVO_LOG_ERROR("offload manager: cascade unpin: {}", s.ToString());
@@ -115,7 +115,7 @@ void OffloadManager::Impl::ProcessFinishedJobs() {
       // the others give their slots back.
       if (!r.success) {
         ++promotion_job_failures;
-        ++tier_counters[i + 1].promotion_job_failures;
+        ++tier_counters[i + 1].stats.promotion_job_failures;
       }
       std::vector<OffloadKey> ok_keys;
       std::vector<OffloadKey> failed_keys;
@@ -155,7 +155,7 @@ void OffloadManager::Impl::FlushPromotions() {
         KVO_LOG_WARN("offload manager: tier {} ({}) refused a promotion: {}", i, tiers[i]->name(),
                      s.ToString());
         ++promotion_job_failures;
-        ++tier_counters[i + 1].promotion_job_failures;
+        ++tier_counters[i + 1].stats.promotion_job_failures;
         Job failed = std::move(jobs[job.job_id]);
         jobs.erase(job.job_id);
         changed.clear();
@@ -178,7 +178,7 @@ void OffloadManager::Impl::Cascade(std::span<const OffloadKey> keys, const std::
     if (!s.ok()) {
       KVO_LOG_ERROR("offload manager: cascade pin: {}", s.ToString());
       ++cascade_job_failures;
-      ++tier_counters[i + 1].cascade_job_failures;
+      ++tier_counters[i + 1].stats.cascade_job_failures;
       continue;
     }
     job.req_id = req_id;
@@ -188,7 +188,7 @@ void OffloadManager::Impl::Cascade(std::span<const OffloadKey> keys, const std::
       KVO_LOG_WARN("offload manager: tier {} ({}) refused a cascade: {}", i, tiers[i]->name(),
                    s.ToString());
       ++cascade_job_failures;
-      ++tier_counters[i + 1].cascade_job_failures;
+      ++tier_counters[i + 1].stats.cascade_job_failures;
       jobs.erase(job.job_id);
       cpu.CompleteLoad(keys).IgnoreError();
     }

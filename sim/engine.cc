@@ -135,8 +135,8 @@ struct SimEngine::Impl {
     o.run.model_name = opt.model;
     o.run.tokens_per_hash = static_cast<uint32_t>(opt.block_size);
     o.enable_kv_cache_events = opt.events.enable_kv_cache_events;
-    o.publisher = publisher.get();
-    o.track_blocks = true;
+    o.manager.publisher = publisher.get();
+    o.manager.track_blocks = true;
     return o;
   }
 

@@ -287,7 +287,7 @@ class Engine {
     o.cpu_rows = rows_;
     o.run.model_name = "kvo-demo/toy-model";
     o.enable_kv_cache_events = true;
-    o.publisher = publisher_.get();
+    o.manager.publisher = publisher_.get();
     return o;
   }
 

@@ -13,6 +13,9 @@
 //   external mutex). Blocking engine waits release it.
 #include "python/src/module_internal.h"
 
+// After module_internal.h (Python.h first).
+#include "manager/testing/offload_manager_peer.h"
+
 namespace kvo::python {
 namespace {
 
@@ -203,14 +206,14 @@ PyObject* EventsToList(const std::vector<OffloadingEvent>& events) {
       PyList_SET_ITEM(o->keys, static_cast<Py_ssize_t>(j), k);
     }
     o->medium = CachedStr(std::string(MediumName(e.medium)));
-    o->removed = PyBool_FromLong(e.removed ? 1 : 0);
+    o->removed = PyBool_FromLong(e.removed() ? 1 : 0);
     if (e.locality) {
       o->locality = CachedStr(*e.locality);
     } else {
       Py_INCREF(Py_None);
       o->locality = Py_None;
     }
-    o->reason = CachedStr(std::string(RemovalReasonName(e.reason)));
+    o->reason = CachedStr(std::string(RemovalReasonName(e.reason())));
     o->tier = PyLong_FromLong(e.tier);
     if (o->medium == nullptr || o->locality == nullptr || o->reason == nullptr ||
         o->tier == nullptr) {
@@ -307,8 +310,8 @@ class PyManager {
                      : rows_.Adopt(std::move(cpu_rows), o.geometry.row_bytes, "cpu_rows");
     o.run = run;
     o.enable_kv_cache_events = enable_kv_cache_events;
-    o.data_parallel_rank = dp_rank;
-    o.track_blocks = track_blocks;
+    o.manager.data_parallel_rank = dp_rank;
+    o.manager.track_blocks = track_blocks;
     geometry_ = o.geometry;
     config_ = o.config;
     if (journal_dir) {
@@ -319,7 +322,7 @@ class PyManager {
       if (!fsync.ok()) throw py::value_error("journal_fsync: " + fsync.status().message());
       jo.fsync = *fsync;
       journal_ = Unwrap(Journal::Open(jo));
-      o.journal = journal_.get();
+      o.manager.journal = journal_.get();
       recovered_ = !journal_->empty();
       manager_ = Unwrap(recovered_ ? RecoverOffloadManager(o, *journal_) : BuildOffloadManager(o));
       return;
@@ -467,7 +470,7 @@ class PyManager {
 
   py::dict GetStats() { return StatsDict(M().GetStats()); }
 
-  void CheckInvariants() { Check(M().CheckInvariants()); }
+  void CheckInvariants() { Check(OffloadManagerPeer::CheckInvariants(M())); }
 
   py::dict Snapshot() {
     ManagerSnapshot s = Unwrap(M().Snapshot());
@@ -480,7 +483,7 @@ class PyManager {
   // Inspection (tests): the ARC policy's lists (keys, LRU first) and target, as vLLM's
   // ARCCachePolicy names them; None for another policy.
   py::object ArcState() {
-    auto* arc = dynamic_cast<ArcPolicy*>(&M().cpu_policy());
+    auto* arc = dynamic_cast<ArcPolicy*>(&OffloadManagerPeer::CpuPolicy(M()));
     if (arc == nullptr) return py::none();
     py::dict d;
     d["t1"] = KeysToList(arc->Keys(ArcPolicy::List::kT1));
@@ -493,7 +496,7 @@ class PyManager {
   }
 
   void ArcSetTarget(double target) {
-    auto* arc = dynamic_cast<ArcPolicy*>(&M().cpu_policy());
+    auto* arc = dynamic_cast<ArcPolicy*>(&OffloadManagerPeer::CpuPolicy(M()));
     if (arc == nullptr) throw py::value_error("eviction_policy: not arc");
     arc->set_target_t1_size_for_testing(target);
   }

@@ -79,8 +79,8 @@ class PyFsTier {
     T().TakeEvents(&events_);
     py::list out;
     for (const OffloadingEvent& e : events_) {
-      out.append(py::make_tuple(KeysToList(e.keys), std::string(MediumName(e.medium)), e.removed,
-                                e.locality, std::string(RemovalReasonName(e.reason))));
+      out.append(py::make_tuple(KeysToList(e.keys), std::string(MediumName(e.medium)), e.removed(),
+                                e.locality, std::string(RemovalReasonName(e.reason()))));
     }
     return out;
   }

@@ -24,6 +24,7 @@
 #include "indexer/indexer.h"
 #include "manager/offload_stack.h"
 #include "manager/secondary_tier.h"
+#include "manager/testing/offload_manager_peer.h"
 #include "tests/testing/fault_report.h"
 #include "tests/testing/temp_dir.h"
 
@@ -120,8 +121,8 @@ class ConsistencyTest : public ::testing::Test {
     o.cpu_rows = HostRegion{reinterpret_cast<uintptr_t>(mem_), kCpuBlocks, kRow};
     o.run.model_name = "consistency-model";
     o.enable_kv_cache_events = true;
-    o.publisher = publisher_.get();
-    o.track_blocks = true;
+    o.manager.publisher = publisher_.get();
+    o.manager.track_blocks = true;
     return o;
   }
 
@@ -212,7 +213,7 @@ class ConsistencyTest : public ::testing::Test {
       ++failures_;
       failed_.push_back(step);
     }
-    Status s = manager_->CheckInvariants();
+    Status s = OffloadManagerPeer::CheckInvariants(*manager_);
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
 

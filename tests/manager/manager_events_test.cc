@@ -50,8 +50,8 @@ std::vector<KvEvent> Take(OffloadManager& m) {
 }
 
 // A chunk of 2 blocks whose last block hash is the key's wire hash (B.4).
-ChunkMetadata Meta(const OffloadKey& key, uint64_t first_hash, std::optional<uint64_t> parent) {
-  ChunkMetadata m;
+BlockStored Meta(const OffloadKey& key, uint64_t first_hash, std::optional<uint64_t> parent) {
+  BlockStored m;
   m.block_hashes = {BlockHash::Uint(first_hash), BlockHash::Uint(key.Wire())};
   if (parent) m.parent_block_hash = BlockHash::Uint(*parent);
   m.token_ids = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -127,6 +127,52 @@ TEST(ManagerEventsTest, SelfDescribingStoredAndRemovalFanOut) {
   const auto& p = std::get<BlockStored>(events[1]);
   EXPECT_EQ(p.block_size, 0);
   EXPECT_EQ(p.block_hashes, std::vector<BlockHash>{BlockHash::Uint(K(2).Wire())});
+}
+
+// The recorded chunk is the BlockStored payload itself: every field the caller set is announced
+// as given (a field vLLM adds needs no manager change); only medium, group_idx and locality are
+// the announcement's own.
+TEST(ManagerEventsTest, SelfDescribingStoredIsTheRecordedPayload) {
+  auto m = Make(2, /*self_describing=*/true);
+  const OffloadKey a = K(1, 1);
+  BlockStored chunk = Meta(a, 7, 6);
+  chunk.lora_id = 3;
+  chunk.lora_name = "adapter";
+  chunk.kv_cache_spec_sliding_window = 128;
+  chunk.extra_keys = std::vector<Value>{Value{}, Value{ValueArray{Value{std::string("img")}}}};
+  chunk.ownership = "owner";
+  chunk.session_id = "session";
+  chunk.medium = "GPU";       // the announcement's: replaced
+  chunk.group_idx = 9;        // the key's group wins
+  chunk.locality = "REMOTE";  // the tier's (none for the CPU tier)
+  m->RecordChunkMetadata(a, chunk);
+  StoreAll(*m, {a});
+  std::vector<KvEvent> events = Take(*m);
+  ASSERT_EQ(events.size(), 1u);
+  BlockStored want = chunk;
+  want.medium = kMediumCpu;
+  want.group_idx = 1;
+  want.locality = std::nullopt;
+  EXPECT_EQ(std::get<BlockStored>(events[0]), want);
+}
+
+// OffloadingEvent's change is typed: a store, an eviction (reason evicted), a reset (cleared).
+TEST(ManagerEventsTest, OffloadingEventChangeIsTyped) {
+  auto m = Make(1);
+  StoreAll(*m, {K(1)});
+  StoreAll(*m, {K(2)});  // evicts K(1)
+  m->ResetCache();
+  std::vector<OffloadingEvent> events = m->TakeEvents();
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[0], OffloadingEvent::Stored({K(1)}, Medium::kCpu));
+  EXPECT_EQ(events[1], OffloadingEvent::Removed({K(1)}, Medium::kCpu, RemovalReason::kEvicted));
+  EXPECT_EQ(events[2], OffloadingEvent::Stored({K(2)}, Medium::kCpu));
+  EXPECT_EQ(events[3], OffloadingEvent::Cleared({K(2)}, Medium::kCpu));
+  EXPECT_TRUE(std::holds_alternative<KeysCleared>(events[3].change));
+  EXPECT_TRUE(events[3].removed());
+  EXPECT_EQ(events[3].reason(), RemovalReason::kCleared);
+  EXPECT_FALSE(events[0].removed());
+  EXPECT_EQ(events[0].reason(), RemovalReason::kNone);
 }
 
 TEST(ManagerEventsTest, ReStoringAfterEvictionNeedsFreshMetadata) {

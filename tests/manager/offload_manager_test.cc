@@ -17,6 +17,7 @@
 
 #include "manager/arc_policy.h"
 #include "manager/lru_policy.h"
+#include "manager/testing/offload_manager_peer.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -80,7 +81,7 @@ void ExpectEvents(OffloadManager& m, std::vector<std::set<int>> stores,
     EXPECT_EQ(e.medium, Medium::kCpu);
     std::set<std::string> keys;
     for (const OffloadKey& k : e.keys) keys.insert(std::string(k.digest()));
-    (e.removed ? got_evictions : got_stores).push_back(keys);
+    (e.removed() ? got_evictions : got_stores).push_back(keys);
   }
   auto names = [](const std::vector<std::set<int>>& sets) {
     std::vector<std::set<std::string>> out;
@@ -138,7 +139,8 @@ TEST(OffloadManagerTest, LruTraceMatchesVllm) {
   EXPECT_EQ(m->Lookup(K(9), kCtx), LookupResult::kMiss);
 
   ExpectEvents(*m, {{3, 4, 5}, {6, 7, 8}}, {{4, 5, 2}, {8}});
-  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok())
+      << OffloadManagerPeer::CheckInvariants(*m).ToString();
 }
 
 TEST(OffloadManagerTest, EvictionIsAnnouncedBeforeTheStoreReusingItsSlot) {
@@ -150,10 +152,10 @@ TEST(OffloadManagerTest, EvictionIsAnnouncedBeforeTheStoreReusingItsSlot) {
   Complete(*m, Ks({3}));
   std::vector<OffloadingEvent> events = m->TakeEvents();
   ASSERT_EQ(events.size(), 2u);
-  EXPECT_TRUE(events[0].removed);
-  EXPECT_EQ(events[0].reason, RemovalReason::kEvicted);
+  EXPECT_TRUE(events[0].removed());
+  EXPECT_EQ(events[0].reason(), RemovalReason::kEvicted);
   EXPECT_EQ(events[0].keys, Ks({1}));
-  EXPECT_FALSE(events[1].removed);
+  EXPECT_FALSE(events[1].removed());
   EXPECT_EQ(events[1].keys, Ks({3}));
 }
 
@@ -168,7 +170,7 @@ TEST_P(BothPoliciesTest, AlreadyStoredInputKeysAreNeverEvicted) {
   ExpectStore(Store(*m, Ks({2, 3, 4, 5})), {3, 4, 5}, {2, 3, 0}, {1});
   Complete(*m, Ks({2, 3, 4, 5}));
   EXPECT_EQ(m->Lookup(K(2), kCtx), LookupResult::kHit);
-  EXPECT_TRUE(m->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok());
 }
 
 TEST_P(BothPoliciesTest, CannotStoreWhenEverythingIsPinnedAndChangesNothing) {
@@ -187,7 +189,7 @@ TEST_P(BothPoliciesTest, CannotStoreWhenEverythingIsPinnedAndChangesNothing) {
   auto out = Store(*m, Ks({5, 6, 7}));
   ASSERT_TRUE(out.has_value());
   EXPECT_GE(out->evicted_keys.size(), 1u);
-  EXPECT_TRUE(m->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, BothPoliciesTest, ::testing::Values("lru", "arc"));
@@ -374,7 +376,7 @@ TEST(OffloadManagerTest, EvictableCountBookkeeping) {
   EXPECT_EQ(evictable(), 2u);
   Complete(*m, Ks({14, 15}));
   EXPECT_EQ(evictable(), 4u);
-  EXPECT_TRUE(m->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok());
 }
 
 TEST(OffloadManagerTest, TouchReachesThePolicyInOrder) {
@@ -392,7 +394,7 @@ TEST(OffloadManagerTest, DuplicateInputKeysAreStoredOnce) {
   ExpectStore(Store(*m, Ks({1, 1, 2})), {1, 2}, {0, 1}, {});
   Complete(*m, Ks({1, 2, 1}));
   ExpectEvents(*m, {{1, 2}}, {});
-  EXPECT_TRUE(m->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok());
 }
 
 // ---- kvo's contract: out-of-contract calls fail and change nothing ----
@@ -411,7 +413,7 @@ TEST(OffloadManagerTest, PrepareLoadOfMissingOrNotReadyKeyFailsWithoutSideEffect
   // 1 was not pinned by either call.
   EXPECT_EQ(m->GetStats().num_evictable, 1u);
   EXPECT_FALSE(m->CompleteLoad(Ks({1}), kCtx).ok());
-  EXPECT_TRUE(m->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok());
 }
 
 TEST(OffloadManagerTest, DoubleCompleteLoadFailsAndRollsBack) {
@@ -423,7 +425,8 @@ TEST(OffloadManagerTest, DoubleCompleteLoadFailsAndRollsBack) {
   Status s = m->CompleteLoad(Ks({2, 1, 1}), kCtx);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(m->GetStats().num_evictable, 0u);
-  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok())
+      << OffloadManagerPeer::CheckInvariants(*m).ToString();
   ASSERT_TRUE(m->CompleteLoad(Ks({1, 2}), kCtx).ok());
   EXPECT_FALSE(m->CompleteLoad(Ks({1}), kCtx).ok());  // double complete
   EXPECT_EQ(m->GetStats().num_evictable, 2u);
@@ -449,7 +452,8 @@ TEST(OffloadManagerTest, CompleteStoreIgnoresKeysNotPendingAndCompletesTheRest) 
   // The already-ready case stays silent (no duplicate event).
   Complete(*m, Ks({1, 2}));
   EXPECT_TRUE(m->TakeEvents().empty());
-  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m).ok())
+      << OffloadManagerPeer::CheckInvariants(*m).ToString();
 }
 
 TEST(OffloadManagerTest, ResetClearsEverythingAndAnnouncesTheReadyCpuBlocksRemoved) {
@@ -465,9 +469,9 @@ TEST(OffloadManagerTest, ResetClearsEverythingAndAnnouncesTheReadyCpuBlocksRemov
   std::vector<OffloadingEvent> events = m->TakeEvents();
   // One CPU removal of what was announced (3 was still being written: never announced).
   ASSERT_EQ(events.size(), 1u);
-  EXPECT_TRUE(events[0].removed);
+  EXPECT_TRUE(events[0].removed());
   EXPECT_EQ(events[0].medium, Medium::kCpu);
-  EXPECT_EQ(events[0].reason, RemovalReason::kCleared);
+  EXPECT_EQ(events[0].reason(), RemovalReason::kCleared);
   EXPECT_EQ(events[0].keys, Ks({1, 2}));  // slot order
   // Slots start over from 0 after a reset.
   ExpectStore(Store(*m, Ks({5})), {5}, {0}, {});
@@ -488,7 +492,9 @@ TEST(OffloadManagerTest, CreateRejectsUnknownPolicy) {
 
 // ---- ARC through the manager (vLLM's TestARCPolicy) ----
 
-ArcPolicy& Arc(OffloadManager& m) { return dynamic_cast<ArcPolicy&>(m.cpu_policy()); }
+ArcPolicy& Arc(OffloadManager& m) {
+  return dynamic_cast<ArcPolicy&>(OffloadManagerPeer::CpuPolicy(m));
+}
 
 TEST(OffloadManagerArcTest, Basic) {
   auto m = Make(4, "arc");
@@ -566,7 +572,7 @@ TEST(OffloadManagerArcTest, GhostListsStayBoundedAndFailedStoreCleansUp) {
   EXPECT_EQ(f->Lookup(K(5), kCtx), LookupResult::kMiss);
   EXPECT_FALSE(Arc(*f).Where(K(5)).has_value());
   EXPECT_EQ(Arc(*f).Where(out->evicted_keys[0]), ArcPolicy::List::kB1);
-  EXPECT_TRUE(f->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*f).ok());
 }
 
 TEST(OffloadManagerArcTest, FullScenarioKeepsFrequentBlocks) {
@@ -646,7 +652,7 @@ TEST_P(BothPoliciesTest, RandomOperationsKeepInvariants) {
         break;
       }
     }
-    Status s = m->CheckInvariants();
+    Status s = OffloadManagerPeer::CheckInvariants(*m);
     ASSERT_TRUE(s.ok()) << "step " << step << " seed " << seed << ": " << s.ToString();
   }
 }

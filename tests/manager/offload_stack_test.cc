@@ -71,7 +71,7 @@ class OffloadStackTest : public ::testing::Test {
     o.cpu_rows = HostRegion{reinterpret_cast<uintptr_t>(mem_), rows, kRow};
     o.run.model_name = "stack-test-model";
     o.enable_kv_cache_events = global_events;
-    o.journal = journal_.get();
+    o.manager.journal = journal_.get();
     return o;
   }
 

@@ -22,6 +22,7 @@
 #include "manager/event_fold.h"
 #include "manager/indexed_tier.h"
 #include "manager/offload_manager.h"
+#include "manager/testing/offload_manager_peer.h"
 #include "tests/manager/fake_transport.h"
 #include "tests/testing/temp_dir.h"
 
@@ -33,8 +34,8 @@ using HashCounts = std::map<std::pair<int64_t, uint64_t>, int64_t>;
 OffloadKey K(int i) { return OffloadKey::FromDigest("key" + std::to_string(i), i % 2); }
 
 // The chunk metadata of key i: two blocks, the last one the key's own hash (B.4).
-ChunkMetadata Meta(int i) {
-  ChunkMetadata m;
+BlockStored Meta(int i) {
+  BlockStored m;
   m.block_hashes = {BlockHash::Uint(0xABC00000ull + static_cast<uint64_t>(i)),
                     BlockHash::Uint(K(i).Wire())};
   m.token_ids = {i, i + 1, i + 2, i + 3};
@@ -137,7 +138,7 @@ class RecoveryTest : public ::testing::TestWithParam<std::tuple<bool, std::strin
     // Every chunk the manager holds is announced: its wire hash (the chunk's last) is held.
     for (const OffloadKey& k : snap->cpu)
       EXPECT_GT(snap->cpu_hashes.count({k.group(), k.Wire()}), 0u);
-    Status s = m.CheckInvariants();
+    Status s = OffloadManagerPeer::CheckInvariants(m);
     EXPECT_TRUE(s.ok()) << s.ToString();
   }
 
@@ -361,8 +362,8 @@ TEST(RecoveryJournalTest, TakeEventsAndJournalHandsOutAndJournalsTheSameEvents) 
   std::vector<OffloadingEvent> out;
   ASSERT_TRUE((*m)->TakeEventsAndJournal(&out).ok());
   ASSERT_EQ(out.size(), 4u);  // stored 1, stored 2, evicted 1, stored 3
-  EXPECT_FALSE(out[0].removed);
-  EXPECT_TRUE(out[2].removed);
+  EXPECT_FALSE(out[0].removed());
+  EXPECT_TRUE(out[2].removed());
   EXPECT_EQ(out[2].keys, std::vector<OffloadKey>{K(1)});
   ASSERT_FALSE((*j)->empty());
   EXPECT_EQ((*j)->first_seq(), (*j)->last_seq());  // one batch

@@ -17,6 +17,7 @@
 #include "manager/lru_policy.h"
 #include "manager/offload_manager.h"
 #include "manager/secondary_tier.h"
+#include "manager/testing/offload_manager_peer.h"
 #include "tests/manager/fake_transport.h"
 
 namespace kvo {
@@ -140,7 +141,7 @@ class TieringTest : public ::testing::Test {
     m_->TakeEvents();
   }
   int32_t Ref(const OffloadKey& key) {
-    const BlockStatus* b = m_->cpu_policy().Get(key);
+    const BlockStatus* b = OffloadManagerPeer::CpuPolicy(*m_).Get(key);
     return b == nullptr ? -100 : b->ref_cnt;
   }
   // vLLM's count_hits: leading HITs; -1 when a lookup is pending.
@@ -202,7 +203,7 @@ TEST_F(TieringTest, CascadePinsCpuBlocksUntilTheJobsAreProcessed) {
   EndStep();
   for (const OffloadKey& k : Range(0, 3)) EXPECT_EQ(Ref(k), 0);
   EXPECT_FALSE(m_->HasPendingWork());
-  EXPECT_TRUE(m_->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m_).ok());
 }
 
 TEST_F(TieringTest, FailedStoreDoesNotCascade) {
@@ -238,7 +239,7 @@ TEST_F(TieringTest, PromotionEventIsAnOrdinaryCpuStore) {
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].medium, Medium::kCpu);
-  EXPECT_FALSE(events[0].removed);
+  EXPECT_FALSE(events[0].removed());
   EXPECT_EQ(events[0].keys, std::vector<OffloadKey>{K(7)});
 }
 
@@ -263,7 +264,7 @@ TEST_P(PartialPromotionTest, OnlyTheSuccessfulKeysAreKept) {
   for (const OffloadKey& k : blocks) got.push_back(Primary(k));
   EXPECT_EQ(got, expected);
   EXPECT_EQ(m_->GetStats().promotion_job_failures, 1u);
-  EXPECT_TRUE(m_->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m_).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(PartialAndFull, PartialPromotionTest, ::testing::Bool());
@@ -303,7 +304,7 @@ TEST_F(TieringTest, TouchReachesEveryTier) {
   EndStep();
   EndStep();
   m_->Touch(blocks, kCtx);
-  const auto& lru = dynamic_cast<LruPolicy&>(m_->cpu_policy());
+  const auto& lru = dynamic_cast<LruPolicy&>(OffloadManagerPeer::CpuPolicy(*m_));
   std::vector<OffloadKey> order = lru.EvictableKeys();
   ASSERT_GE(order.size(), 3u);
   EXPECT_EQ(std::vector<OffloadKey>(order.end() - 3, order.end()),
@@ -438,25 +439,24 @@ TEST_F(TieringTest, ResetDrainsTiersAndDropsUnsubmittedPromotions) {
   EXPECT_EQ(s.num_allocated, 0u);
   EXPECT_EQ(s.num_stored, 0u);
   for (const OffloadKey& k : Range(0, 3)) EXPECT_EQ(Primary(k), LookupResult::kMiss);
-  EXPECT_TRUE(m_->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m_).ok());
 }
 
 TEST_F(TieringTest, ResetRemovesTheCpuBlocksAndKeepsTheTiersAnnouncements) {
   Store(Range(0, 2));
   m_->TakeEvents();
-  T(0).events.push_back(
-      OffloadingEvent{Range(0, 2), Medium::kStorage, false, {}, RemovalReason::kNone, 0});
+  T(0).events.push_back(OffloadingEvent::Stored(Range(0, 2), Medium::kStorage));
   m_->ResetCache();
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   // The tier's queued store first, then one CPU removal of the ready blocks; the blocks the tiers
   // still hold stay announced (no AllBlocksCleared, no re-announcement).
   ASSERT_EQ(events.size(), 2u);
   EXPECT_EQ(events[0].tier, 1);
-  EXPECT_FALSE(events[0].removed);
+  EXPECT_FALSE(events[0].removed());
   EXPECT_EQ(events[1].tier, 0);
-  EXPECT_TRUE(events[1].removed);
+  EXPECT_TRUE(events[1].removed());
   EXPECT_EQ(events[1].medium, Medium::kCpu);
-  EXPECT_EQ(events[1].reason, RemovalReason::kCleared);
+  EXPECT_EQ(events[1].reason(), RemovalReason::kCleared);
   EXPECT_EQ(events[1].keys, Range(0, 2));
 }
 
@@ -488,10 +488,9 @@ TEST_F(TieringTest, TierFilterSkipsNonMatchingTiers) {
 }
 
 TEST_F(TieringTest, EventsComePrimaryFirstThenEachTier) {
-  T(0).events.push_back(
-      OffloadingEvent{Range(2, 3), Medium::kStorage, false, {}, RemovalReason::kNone, 0});
+  T(0).events.push_back(OffloadingEvent::Stored(Range(2, 3), Medium::kStorage));
   T(1).events.push_back(
-      OffloadingEvent{Range(3, 4), Medium::kStorage, true, {}, RemovalReason::kEvicted, 0});
+      OffloadingEvent::Removed(Range(3, 4), Medium::kStorage, RemovalReason::kEvicted));
   Store(Range(1, 2));
   std::vector<OffloadingEvent> events = m_->TakeEvents();
   ASSERT_EQ(events.size(), 3u);
@@ -573,7 +572,7 @@ TEST_F(IndexedTierTest, StoresLandAsStorageEventsWhenTheTransportFinishes) {
   std::vector<OffloadingEvent> events = Storage();
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].keys, Range(0, 3));
-  EXPECT_FALSE(events[0].removed);
+  EXPECT_FALSE(events[0].removed());
   EXPECT_EQ(events[0].locality, "LOCAL");
   EXPECT_EQ(events[0].tier, 1);
   EXPECT_EQ(tier_->Lookup(K(0), kCtx), LookupResult::kHit);
@@ -591,8 +590,8 @@ TEST_F(IndexedTierTest, ABoundedTierEvictsByItsPolicyAndPublishesRemovals) {
   Store(Range(3, 5));
   std::vector<OffloadingEvent> events = Storage();
   ASSERT_EQ(events.size(), 1u);  // the removal comes at submission, before the store lands
-  EXPECT_TRUE(events[0].removed);
-  EXPECT_EQ(events[0].reason, RemovalReason::kEvicted);
+  EXPECT_TRUE(events[0].removed());
+  EXPECT_EQ(events[0].reason(), RemovalReason::kEvicted);
   EXPECT_EQ(events[0].keys, (std::vector<OffloadKey>{K(1), K(2)}));
   EXPECT_EQ(transport_->deleted, (std::vector<OffloadKey>{K(1), K(2)}));
   transport_->FinishAll();
@@ -649,14 +648,14 @@ TEST_F(IndexedTierTest, PromotionThroughTheTierAndACorruptBlockIsDroppedAndPubli
   EXPECT_EQ(all[0].medium, Medium::kCpu);  // 0 landed in CPU
   EXPECT_EQ(all[0].keys, std::vector<OffloadKey>{K(0)});
   EXPECT_EQ(all[1].medium, Medium::kStorage);  // 1 was corrupt: dropped and announced
-  EXPECT_TRUE(all[1].removed);
-  EXPECT_EQ(all[1].reason, RemovalReason::kFailed);
+  EXPECT_TRUE(all[1].removed());
+  EXPECT_EQ(all[1].reason(), RemovalReason::kFailed);
   EXPECT_EQ(tier_->Lookup(K(1), kCtx), LookupResult::kMiss);
   RequestContext cpu_only = kCtx;
   cpu_only.load_tier_filter = std::vector<TierMatcher>{};
   EXPECT_EQ(m_->Lookup(K(0), cpu_only), LookupResult::kHit);
   EXPECT_EQ(m_->Lookup(K(1), cpu_only), LookupResult::kMiss);
-  EXPECT_TRUE(m_->CheckInvariants().ok());
+  EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m_).ok());
 }
 
 TEST_F(IndexedTierTest, StartupTrimsTheMediumToTheBudget) {
