@@ -159,6 +159,39 @@ TEST_P(FsTierTest, StoresAndLoadsVllmLayoutByteExact) {
   EXPECT_EQ(miss.blocks[0].outcome, FsBlockOutcome::kMiss);
 }
 
+// The job contract's per-block fields (transfer/job.h): a block's bytes are the row when it moved
+// and 0 when it did not (skipped store, missing load); the job's bytes are their sum; no block
+// took longer than its job.
+TEST_P(FsTierTest, BlockResultsCarryBytesAndSecondsOfTheJobContract) {
+  Rows rows(4);
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  FsBlockStore& t = **tier;
+  for (uint64_t i = 0; i < 3; ++i) rows.Fill(i, 500 + i);
+  ASSERT_TRUE(RunJob(t, true, {Key(50)}, {0}).success);
+  FsJobResult st = RunJob(t, true, {Key(50), Key(51), Key(52)}, {0, 1, 2});
+  ASSERT_EQ(st.blocks.size(), 3u);
+  EXPECT_EQ(st.blocks[0].outcome, FsBlockOutcome::kSkipped);
+  EXPECT_EQ(st.blocks[0].bytes, 0u);
+  FsJobResult ld = RunJob(t, false, {Key(51), Key(53)}, {3, 0});
+  ASSERT_EQ(ld.blocks.size(), 2u);
+  EXPECT_EQ(ld.blocks[1].outcome, FsBlockOutcome::kMiss);
+  EXPECT_EQ(ld.blocks[1].bytes, 0u);
+  EXPECT_TRUE(rows.Matches(3, 501));
+  for (const FsJobResult* r : {&st, &ld}) {
+    uint64_t sum = 0;
+    for (const FsBlockResult& b : r->blocks) {
+      sum += b.bytes;
+      EXPECT_EQ(b.bytes, b.outcome == FsBlockOutcome::kOk ? kRow : 0u);
+      EXPECT_GE(b.seconds, 0.0);
+      EXPECT_LE(b.seconds, r->seconds);
+    }
+    EXPECT_EQ(sum, r->bytes);
+  }
+  EXPECT_EQ(st.bytes, 2 * kRow);
+  EXPECT_EQ(ld.bytes, kRow);
+}
+
 TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
   Rows rows(8);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
