@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "tests/testing/fake_jobs.h"
 #include "tests/testing/manual_executor.h"
 #include "tests/testing/temp_dir.h"
 #include "transfer/transfer_engine.h"
@@ -105,6 +106,41 @@ TEST(InOrderJobQueueTest, FindAndAllFinished) {
   EXPECT_FALSE(q.AllFinished(IsDone));
   a->done = true;
   EXPECT_TRUE(q.AllFinished(IsDone));
+}
+
+// The contract's test double (tests/testing/fake_jobs.h, behind the manager's fake transports and
+// tiers) keeps the contract: a job finishes only once and only if submitted; results come back in
+// finish order, each exactly once.
+TEST(FakeJobsTest, FinishesOnlySubmittedJobsAndReturnsEachResultOnce) {
+  struct Job {
+    JobId job_id = 0;
+  };
+  testing::FakeJobs<Job, JobResultFields> jobs;
+  for (JobId id : {1, 2, 3}) jobs.Submit(Job{id});
+  auto result = [](JobId id) {
+    JobResultFields r;
+    r.job_id = id;
+    r.success = true;
+    return r;
+  };
+  EXPECT_TRUE(jobs.Complete(3, result(3)));
+  EXPECT_FALSE(jobs.Complete(3, result(3)));  // already finished
+  EXPECT_FALSE(jobs.Complete(9, result(9)));  // never submitted
+  EXPECT_TRUE(jobs.Complete(1, result(1)));
+  ASSERT_NE(jobs.Find(2), nullptr);
+  EXPECT_EQ(jobs.Find(1), nullptr);
+  std::vector<JobResultFields> got;
+  jobs.TakeFinished(&got);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].job_id, 3u);
+  EXPECT_EQ(got[1].job_id, 1u);
+  got.clear();
+  jobs.TakeFinished(&got);
+  EXPECT_TRUE(got.empty());
+  jobs.Lose();  // a crash: job 2 never reports
+  EXPECT_FALSE(jobs.Complete(2, result(2)));
+  jobs.TakeFinished(&got);
+  EXPECT_TRUE(got.empty());
 }
 
 // The host engine on a ManualExecutor: a later job of a direction whose copy ran first is not
