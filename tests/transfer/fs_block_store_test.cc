@@ -102,7 +102,7 @@ FsJobResult RunJob(FsBlockStore& tier, bool store, std::vector<FsBlockKey> keys,
   return std::move(out[0]);
 }
 
-class FsTierTest : public ::testing::TestWithParam<bool> {
+class FsBlockStoreTest : public ::testing::TestWithParam<bool> {
  protected:
   FsBlockStoreOptions Opts() {
     FsBlockStoreOptions o = Options(dir_.path());
@@ -112,7 +112,7 @@ class FsTierTest : public ::testing::TestWithParam<bool> {
   testing::TempDir dir_;
 };
 
-TEST_P(FsTierTest, StoresAndLoadsVllmLayoutByteExact) {
+TEST_P(FsBlockStoreTest, StoresAndLoadsVllmLayoutByteExact) {
   Rows rows(8);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
@@ -162,7 +162,7 @@ TEST_P(FsTierTest, StoresAndLoadsVllmLayoutByteExact) {
 // The job contract's per-block fields (transfer/job.h): a block's bytes are the row when it moved
 // and 0 when it did not (skipped store, missing load); the job's bytes are their sum; no block
 // took longer than its job.
-TEST_P(FsTierTest, BlockResultsCarryBytesAndSecondsOfTheJobContract) {
+TEST_P(FsBlockStoreTest, BlockResultsCarryBytesAndSecondsOfTheJobContract) {
   Rows rows(4);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
@@ -192,7 +192,7 @@ TEST_P(FsTierTest, BlockResultsCarryBytesAndSecondsOfTheJobContract) {
   EXPECT_EQ(ld.bytes, kRow);
 }
 
-TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
+TEST_P(FsBlockStoreTest, CorruptFilesAreMissesRemovedAndReported) {
   Rows rows(8);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
@@ -235,7 +235,7 @@ TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
 // (with its record: an xattr moves with the inode; a sidecar moved beside it) was served as that
 // block. The record now names the block (namespace, rank, group, hash): misfiled = miss, removed,
 // counted, never served.
-TEST_P(FsTierTest, MisfiledBlocksAreMissesNeverServed) {
+TEST_P(FsBlockStoreTest, MisfiledBlocksAreMissesNeverServed) {
   Rows rows(8);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
@@ -339,7 +339,7 @@ TEST(FsRecordFormatTest, IdentityTestVectorAndVersions) {
 // Version-1 records (kvo before identities) are read as before: bytes verified, identity unknown,
 // like a vLLM-written block; with require_checksum they are a miss (removed, so the next store
 // writes a version-2 record).
-TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
+TEST_P(FsBlockStoreTest, VersionOneRecordsAreReadAsBefore) {
   Rows rows(2);
   FsBlockStoreOptions o = Opts();
   std::string path;
@@ -385,7 +385,7 @@ TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
 // Issue 10 item 12: a FIFO under a block's name blocked a read thread in open() forever. Now a
 // corrupt miss. Bounded: if the load does not finish, the FIFO is opened for writing (which
 // releases the blocked reader) and the test fails.
-TEST_P(FsTierTest, FifoUnderABlockNameIsCorruptNotAHang) {
+TEST_P(FsBlockStoreTest, FifoUnderABlockNameIsCorruptNotAHang) {
   Rows rows(2);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
@@ -409,7 +409,7 @@ TEST_P(FsTierTest, FifoUnderABlockNameIsCorruptNotAHang) {
   EXPECT_NE(out[0].blocks[0].status.message().find("not a regular file"), std::string::npos);
 }
 
-TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
+TEST_P(FsBlockStoreTest, FilesWithoutRecordAreServedUnlessRequired) {
   Rows rows(2);
   FsBlockStoreOptions o = Opts();
   std::string path;
@@ -438,7 +438,7 @@ TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
   EXPECT_FALSE(stdfs::exists(path));
 }
 
-TEST_P(FsTierTest, NoSymlinkIsFollowed) {
+TEST_P(FsBlockStoreTest, NoSymlinkIsFollowed) {
   Rows rows(4);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
@@ -490,7 +490,7 @@ TEST_P(FsTierTest, NoSymlinkIsFollowed) {
   EXPECT_TRUE(reported);
 }
 
-TEST_P(FsTierTest, RejectsBadJobs) {
+TEST_P(FsBlockStoreTest, RejectsBadJobs) {
   Rows rows(2);
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
@@ -512,7 +512,7 @@ TEST_P(FsTierTest, RejectsBadJobs) {
   EXPECT_TRUE(none.empty());
 }
 
-TEST_P(FsTierTest, ScanRebuildsContentsAndValidatesNames) {
+TEST_P(FsBlockStoreTest, ScanRebuildsContentsAndValidatesNames) {
   Rows rows(4);
   std::string rank_dir;
   std::set<FsBlockKey> stored;
@@ -561,10 +561,10 @@ TEST_P(FsTierTest, ScanRebuildsContentsAndValidatesNames) {
   EXPECT_TRUE((*tier)->Delete(k0).ok());  // absent is fine
 }
 
-INSTANTIATE_TEST_SUITE_P(Records, FsTierTest, ::testing::Values(false, true),
+INSTANTIATE_TEST_SUITE_P(Records, FsBlockStoreTest, ::testing::Values(false, true),
                          [](const auto& p) { return p.param ? "sidecar" : "xattr"; });
 
-TEST(FsTierOpenTest, BadRootDirIsAClearError) {
+TEST(FsBlockStoreOpenTest, BadRootDirIsAClearError) {
   Rows rows(1);
   testing::TempDir dir;
   FsBlockStoreOptions o = Options(dir.path() + "/missing");
@@ -602,7 +602,7 @@ class MountedDir {
   bool mounted_ = false;
 };
 
-TEST(FsTierOpenTest, ReadOnlyRootDirIsAClearError) {
+TEST(FsBlockStoreOpenTest, ReadOnlyRootDirIsAClearError) {
   testing::TempDir dir;
   MountedDir m(dir.path(), "size=1m", MS_RDONLY);
   if (!m.mounted()) GTEST_SKIP() << "cannot mount a read-only tmpfs here: " << std::strerror(errno);
@@ -612,7 +612,7 @@ TEST(FsTierOpenTest, ReadOnlyRootDirIsAClearError) {
   EXPECT_NE(t.status().message().find("not writable"), std::string::npos) << t.status().ToString();
 }
 
-TEST(FsTierOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
+TEST(FsBlockStoreOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
   testing::TempDir dir;
   MountedDir m(dir.path(), "size=256k", 0);
   if (!m.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
@@ -660,7 +660,7 @@ TEST(FsTierOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
 // Property: whatever happens to a stored .bin or its record (truncation, growth, bit flips,
 // random or foreign records, a removed record), a load either serves exactly the bytes that were
 // stored or reports a miss/corruption. Seeded (KVO_TEST_SEED).
-TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
+TEST(FsBlockStorePropertyTest, MutatedFilesAreNeverServedWrong) {
   const unsigned seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   testing::TempDir dir;
@@ -738,7 +738,7 @@ TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
 
 // kill -9 while a child process stores continuously: a restarted tier never serves a torn block,
 // and every block the child reported complete is there.
-TEST(FsTierCrashTest, KillDuringWriteNeverServesTornBlocks) {
+TEST(FsBlockStoreCrashTest, KillDuringWriteNeverServesTornBlocks) {
   const unsigned seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   testing::TempDir dir;
