@@ -1,4 +1,4 @@
-// File-tier benchmarks (`kvo bench fs`): blocks written through FsTier (one file per block,
+// File-tier benchmarks (`kvo bench fs`): blocks written through FsBlockStore (one file per block,
 // vLLM's layout, temp file + rename, integrity record) and read back (verified), against a plain
 // sequential write/read of the same bytes to ONE file on the same disk, in the same run, with the
 // same thread count (16). Page cache: both sides end their write phase with a sync (syncfs for
@@ -91,14 +91,14 @@ std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
   std::filesystem::create_directories(root);
   for (int rep = 0; rep < reps; ++rep) {
     // Tier.
-    FsTierOptions o;
+    FsBlockStoreOptions o;
     o.root_dir = root;
     o.fields.model_name = "bench-model";
     o.n_read_threads = 16;
     o.n_write_threads = 16;
     o.try_o_direct = c.direct;
-    auto tier =
-        FsTier::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), c.blocks, c.block_bytes});
+    auto tier = FsBlockStore::Open(
+        o, HostRegion{reinterpret_cast<uintptr_t>(mem), c.blocks, c.block_bytes});
     if (!tier.ok()) {
       std::fprintf(stderr, "fs bench: %s\n", tier.status().ToString().c_str());
       std::free(mem);
@@ -123,7 +123,7 @@ std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
     ::syncfs(rfd);
     ::close(rfd);
     best[0] = std::min(best[0], Since(t0));
-    (*tier)->GetFinished(&done);
+    (*tier)->TakeFinished(&done);
     const bool stored_ok = !done.empty() && done[0].success;
     for (const auto& k : keys) {
       DropFromCache(root + "/" + FsBlockRelativePath((*tier)->namespace_name(), 0, k));
@@ -133,7 +133,7 @@ std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
     if (!id.ok() || !(*tier)->Wait(*id).ok()) break;
     best[1] = std::min(best[1], Since(t0));
     done.clear();
-    (*tier)->GetFinished(&done);
+    (*tier)->TakeFinished(&done);
     if (!stored_ok || done.empty() || !done[0].success) {
       std::fprintf(stderr, "fs bench: a tier job failed\n");
       std::free(mem);

@@ -49,7 +49,7 @@ double EngineRate(TransferEngine& engine, const TransferRequest& request, uint64
         if (!id.ok()) std::abort();
         engine.Wait(*id).IgnoreError();
         done.clear();
-        engine.GetFinished(&done);
+        engine.TakeFinished(&done);
       },
       static_cast<double>(bytes), seconds);
 }

@@ -22,12 +22,14 @@ Result<FsBlockKey> FsKeyOf(const OffloadKey& k) {
 
 }  // namespace
 
-Result<std::shared_ptr<FsTransport>> FsTransport::Create(FsTierOptions options, HostRegion rows) {
-  KVO_ASSIGN_OR_RETURN(std::unique_ptr<FsTier> tier, FsTier::Open(std::move(options), rows));
+Result<std::shared_ptr<FsTransport>> FsTransport::Create(FsBlockStoreOptions options,
+                                                         HostRegion rows) {
+  KVO_ASSIGN_OR_RETURN(std::unique_ptr<FsBlockStore> tier,
+                       FsBlockStore::Open(std::move(options), rows));
   return std::shared_ptr<FsTransport>(new FsTransport(std::move(tier)));
 }
 
-Status FsTransport::Submit(const TransferJob& job, bool store) {
+Status FsTransport::Submit(const TierJob& job, bool store) {
   std::vector<FsBlockKey> keys;
   std::vector<int64_t> slots(job.slots.begin(), job.slots.end());
   for (const OffloadKey& k : job.keys) {
@@ -36,20 +38,20 @@ Status FsTransport::Submit(const TransferJob& job, bool store) {
   }
   // Hold the lock across submission so a fast job cannot finish before it is registered.
   MutexLock lock(&mu_);
-  Result<uint64_t> id = store ? tier_->SubmitStore(std::move(keys), std::move(slots))
-                              : tier_->SubmitLoad(std::move(keys), std::move(slots));
+  Result<JobId> id = store ? tier_->SubmitStore(std::move(keys), std::move(slots))
+                           : tier_->SubmitLoad(std::move(keys), std::move(slots));
   if (!id.ok()) return id.status();
   pending_[*id] = Pending{job.job_id, store, job.keys};
   return Status::Ok();
 }
 
-Status FsTransport::SubmitStore(const TransferJob& job) { return Submit(job, true); }
-Status FsTransport::SubmitLoad(const TransferJob& job) { return Submit(job, false); }
+Status FsTransport::SubmitStore(const TierJob& job) { return Submit(job, true); }
+Status FsTransport::SubmitLoad(const TierJob& job) { return Submit(job, false); }
 
 void FsTransport::TakeFinished(std::vector<JobResult>* out) {
   std::vector<FsJobResult> done;
   MutexLock lock(&mu_);
-  tier_->GetFinished(&done);
+  tier_->TakeFinished(&done);
   for (FsJobResult& r : done) {
     auto it = pending_.find(r.job_id);
     if (it == pending_.end()) continue;
@@ -78,7 +80,7 @@ void FsTransport::TakeFinished(std::vector<JobResult>* out) {
   }
 }
 
-void FsTransport::Drain() { tier_->WaitAll(); }
+void FsTransport::Drain() { tier_->Drain(); }
 
 Status FsTransport::Delete(std::span<const OffloadKey> keys) {
   Status first;

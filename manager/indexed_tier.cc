@@ -228,10 +228,10 @@ void IndexedTier::MarkMiss(std::span<const OffloadKey> keys) {
   }
 }
 
-Status IndexedTier::SubmitStore(const TransferJob& job) {
+Status IndexedTier::SubmitStore(const TierJob& job) {
   Job state;
   state.is_store = true;
-  TransferJob sub;
+  TierJob sub;
   sub.job_id = job.job_id;
   sub.req_id = job.req_id;
   std::vector<OffloadKey> evicted;
@@ -272,9 +272,9 @@ Status IndexedTier::SubmitStore(const TransferJob& job) {
   return Status::Ok();
 }
 
-Status IndexedTier::SubmitLoad(const TransferJob& job) {
+Status IndexedTier::SubmitLoad(const TierJob& job) {
   Job state;
-  TransferJob sub;
+  TierJob sub;
   sub.job_id = job.job_id;
   sub.is_promotion = true;
   sub.req_id = job.req_id;
@@ -304,7 +304,7 @@ Status IndexedTier::SubmitLoad(const TransferJob& job) {
   return Status::Ok();
 }
 
-void IndexedTier::TakeFinishedJobs(std::vector<JobResult>* out) {
+void IndexedTier::TakeFinished(std::vector<JobResult>* out) {
   for (JobResult& r : ready_results_) out->push_back(std::move(r));
   ready_results_.clear();
   scratch_.clear();

@@ -34,8 +34,8 @@ class TierTransport {
   // blocks into the rows (load). The result comes back from TakeFinished under job.job_id; a
   // load that finds a block corrupt or missing lists it in JobResult::lost_keys (and has removed
   // it from the medium).
-  virtual Status SubmitStore(const TransferJob& job) = 0;
-  virtual Status SubmitLoad(const TransferJob& job) = 0;
+  virtual Status SubmitStore(const TierJob& job) = 0;
+  virtual Status SubmitLoad(const TierJob& job) = 0;
   virtual void TakeFinished(std::vector<JobResult>* out) = 0;
   // Blocks until every submitted job has finished.
   virtual void Drain() = 0;
@@ -110,10 +110,10 @@ class IndexedTier final : public SecondaryTier {
   const std::string& name() const override { return options_.name; }
   const std::optional<std::string>& locality() const override { return options_.locality; }
   LookupResult Lookup(const OffloadKey& key, const RequestContext& ctx) override;
-  Status SubmitStore(const TransferJob& job) override;
-  Status SubmitLoad(const TransferJob& job) override;
-  void TakeFinishedJobs(std::vector<JobResult>* out) override;
-  void DrainJobs() override { transport_->Drain(); }
+  Status SubmitStore(const TierJob& job) override;
+  Status SubmitLoad(const TierJob& job) override;
+  void TakeFinished(std::vector<JobResult>* out) override;
+  void Drain() override { transport_->Drain(); }
   void TakeEvents(std::vector<OffloadingEvent>* out) override;
   bool publishes_events() const override { return options_.enable_kv_events; }
   void ListHeld(std::vector<OffloadKey>* out) const override { index_.ListReady(out); }
@@ -141,7 +141,7 @@ class IndexedTier final : public SecondaryTier {
   IndexedTierOptions options_;
   BoundedTierIndex index_;
   std::shared_ptr<TierTransport> transport_;
-  std::unordered_map<uint64_t, Job> jobs_;
+  std::unordered_map<JobId, Job> jobs_;
   std::vector<JobResult> ready_results_;  // finished without the transport
   std::vector<OffloadingEvent> events_;
   std::vector<JobResult> scratch_;

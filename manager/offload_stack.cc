@@ -56,7 +56,7 @@ Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const
                                                    const HostRegion& cpu_rows,
                                                    bool enable_kv_cache_events,
                                                    const std::string& where) {
-  FsTierOptions fo;
+  FsBlockStoreOptions fo;
   fo.root_dir = fs.root_dir;
   fo.fields = run;
   fo.fields.blocks_per_file = static_cast<uint32_t>(g.blocks_per_chunk);

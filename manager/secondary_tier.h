@@ -19,12 +19,14 @@
 #include "common/status.h"
 #include "manager/offload_key.h"
 #include "manager/offload_manager.h"
+#include "transfer/job.h"
 
 namespace kvo {
 
-// vLLM's TransferJob. `slots` are CPU primary slots, co-indexed with `keys`.
-struct TransferJob {
-  uint64_t job_id = 0;
+// vLLM's TransferJob (kvo's name TierJob, so it does not read as a transfer-engine job). `slots`
+// are CPU primary slots, co-indexed with `keys`.
+struct TierJob {
+  JobId job_id = 0;
   std::vector<OffloadKey> keys;
   std::vector<int32_t> slots;
   bool is_promotion = false;  // true: tier -> CPU (load); false: CPU -> tier (store)
@@ -32,9 +34,9 @@ struct TransferJob {
 };
 
 // vLLM's JobResult. With success false, `successful_keys` lists the keys that did make it
-// (partial success); nullopt means none did.
+// (partial success); nullopt means none did. Per key rather than per block index, as vLLM's.
 struct JobResult {
-  uint64_t job_id = 0;
+  JobId job_id = 0;
   bool success = false;
   std::optional<std::vector<OffloadKey>> successful_keys;
   // Keys the tier found corrupt or missing while loading and has dropped (kvo: a torn file is a
@@ -53,14 +55,15 @@ class SecondaryTier {
   // kMiss, kHit or kRetry (the answer is not known yet; vLLM's FS tier answers RETRY on the first
   // lookup of a key and the verdict on a later step).
   virtual LookupResult Lookup(const OffloadKey& key, const RequestContext& ctx) = 0;
-  // Start a job; its result comes back from TakeFinishedJobs. An error means the job was not
-  // started (the manager releases what it pinned and counts a failure).
-  virtual Status SubmitStore(const TransferJob& job) = 0;
-  virtual Status SubmitLoad(const TransferJob& job) = 0;
+  // The job contract (transfer/job.h): submit, take finished, drain. Start a job; its result
+  // comes back from TakeFinished. An error means the job was not started (the manager releases
+  // what it pinned and counts a failure).
+  virtual Status SubmitStore(const TierJob& job) = 0;
+  virtual Status SubmitLoad(const TierJob& job) = 0;
   // Appends the results of the jobs finished since the last call.
-  virtual void TakeFinishedJobs(std::vector<JobResult>* out) = 0;
+  virtual void TakeFinished(std::vector<JobResult>* out) = 0;
   // Blocks until every submitted job has finished (their results stay queued).
-  virtual void DrainJobs() = 0;
+  virtual void Drain() = 0;
 
   // Appends the tier's own events (STORAGE stored on finished stores, removals on eviction).
   virtual void TakeEvents(std::vector<OffloadingEvent>* /*out*/) {}

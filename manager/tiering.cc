@@ -90,7 +90,7 @@ void OffloadManager::Impl::MaybeProcessFinishedJobs() {
 void OffloadManager::Impl::ProcessFinishedJobs() {
   for (size_t i = 0; i < tiers.size(); ++i) {
     finished.clear();
-    tiers[i]->TakeFinishedJobs(&finished);
+    tiers[i]->TakeFinished(&finished);
     for (JobResult& r : finished) {
       auto it = jobs.find(r.job_id);
       if (it == jobs.end() || it->second.tier != i) {
@@ -143,7 +143,7 @@ void OffloadManager::Impl::ProcessFinishedJobs() {
 void OffloadManager::Impl::FlushPromotions() {
   for (size_t i = 0; i < tiers.size(); ++i) {
     for (PendingPromotion& p : pending_promotions[i]) {
-      TransferJob job;
+      TierJob job;
       job.job_id = next_job_id++;
       job.keys = p.keys;
       job.slots = std::move(p.slots);
@@ -170,7 +170,7 @@ void OffloadManager::Impl::Cascade(std::span<const OffloadKey> keys, const std::
                                    uint64_t tier_mask) {
   for (size_t i = 0; i < tiers.size(); ++i) {
     if ((tier_mask & (uint64_t{1} << i)) == 0) continue;
-    TransferJob job;
+    TierJob job;
     job.job_id = next_job_id++;
     job.keys.assign(keys.begin(), keys.end());
     // prepare_read: one pin per tier while it reads the CPU rows.
@@ -208,7 +208,7 @@ void OffloadManager::Impl::MaybeFinishRequest(const std::string& req_id) {
 }
 
 void OffloadManager::Impl::ResetTiering() {
-  for (const auto& tier : tiers) tier->DrainJobs();
+  for (const auto& tier : tiers) tier->Drain();
   ProcessFinishedJobs();  // consume the completions: no tier I/O touches CPU slots any more
   for (auto& pending : pending_promotions) pending.clear();  // never submitted
   if (!jobs.empty()) {

@@ -163,7 +163,7 @@ struct SimEngine::Impl {
   Status EndStep(bool drain) EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (drain) {
       for (size_t t = 0; t < manager->num_secondary_tiers(); ++t) {
-        manager->secondary_tier(t).DrainJobs();
+        manager->secondary_tier(t).Drain();
       }
     }
     manager->OnScheduleEnd();
@@ -199,10 +199,10 @@ struct SimEngine::Impl {
     }
   }
 
-  Status Finish(TransferJobId job) {
+  Status Finish(JobId job) {
     const Status s = transfer->Wait(job);
     finished.clear();
-    transfer->GetFinished(&finished);
+    transfer->TakeFinished(&finished);
     for (const TransferResult& r : finished) exporter->RecordTransfer(r);
     return s;
   }
@@ -322,7 +322,7 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
     for (size_t j = 0; j < slots.size(); ++j) {
       req.segments.push_back({Row(slots[j]), Gpu(ids[gpu_hit + j]), block_bytes});
     }
-    KVO_ASSIGN_OR_RETURN(TransferJobId job, transfer->Submit(std::move(req)));
+    KVO_ASSIGN_OR_RETURN(JobId job, transfer->Submit(std::move(req)));
     KVO_RETURN_IF_ERROR(Finish(job));
     for (size_t j = 0; j < slots.size(); ++j) {
       const size_t i = gpu_hit + j;
@@ -384,7 +384,7 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
         req.segments.push_back(
             {Gpu(ids[static_cast<size_t>(it - keys.begin())]), Row(ps->slots[j]), block_bytes});
       }
-      KVO_ASSIGN_OR_RETURN(TransferJobId job, transfer->Submit(std::move(req)));
+      KVO_ASSIGN_OR_RETURN(JobId job, transfer->Submit(std::move(req)));
       const Status copied = Finish(job);
       KVO_RETURN_IF_ERROR(manager->CompleteStore(ps->keys_to_store, ctx, copied.ok()));
       KVO_RETURN_IF_ERROR(copied);

@@ -161,7 +161,7 @@ class Engine {
       for (size_t j = 0; j < slots.size(); ++j) {
         req.segments.push_back({Row(slots[j]), Gpu(gpu_ids[gpu_hit + j]), kBlockBytes});
       }
-      KVO_ASSIGN_OR_RETURN(TransferJobId job, engine_->Submit(std::move(req)));
+      KVO_ASSIGN_OR_RETURN(JobId job, engine_->Submit(std::move(req)));
       KVO_RETURN_IF_ERROR(Finish(job));
       for (size_t j = 0; j < slots.size(); ++j) {
         if (!BlockIs(keys[gpu_hit + j].Wire(), GpuPtr(gpu_ids[gpu_hit + j]))) {
@@ -215,7 +215,7 @@ class Engine {
           req.segments.push_back({Gpu(gpu_ids[static_cast<size_t>(it - keys.begin())]),
                                   Row(out->slots[j]), kBlockBytes});
         }
-        KVO_ASSIGN_OR_RETURN(TransferJobId job, engine_->Submit(std::move(req)));
+        KVO_ASSIGN_OR_RETURN(JobId job, engine_->Submit(std::move(req)));
         const Status copied = Finish(job);
         KVO_RETURN_IF_ERROR(manager_->CompleteStore(out->keys_to_store, ctx, copied.ok()));
         KVO_RETURN_IF_ERROR(copied);
@@ -294,17 +294,17 @@ class Engine {
   Status EndStep() {
     manager_->OnScheduleEnd();
     for (size_t t = 0; t < manager_->num_secondary_tiers(); ++t) {
-      manager_->secondary_tier(t).DrainJobs();  // a real engine polls; the demo waits
+      manager_->secondary_tier(t).Drain();  // a real engine polls; the demo waits
     }
     KVO_RETURN_IF_ERROR(manager_->PublishEvents());
     return exporter_->Export(manager_->GetStats());
   }
 
   // Waits for a transfer and feeds its result to the connector's metrics.
-  Status Finish(TransferJobId job) {
+  Status Finish(JobId job) {
     const Status s = engine_->Wait(job);
     finished_.clear();
-    engine_->GetFinished(&finished_);
+    engine_->TakeFinished(&finished_);
     for (const TransferResult& r : finished_) exporter_->RecordTransfer(r);
     return s;
   }

@@ -1,6 +1,6 @@
 // The host engine: memcpy on an Executor. A job is cut into pieces of roughly equal bytes (at
 // least min_split_bytes, at most one per worker) that run in parallel; results are reported in
-// submission order per direction.
+// submission order per direction (transfer/job.h's InOrderJobQueue, one lane per direction).
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -9,11 +9,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
-#include <unordered_map>
 
 #include "common/clock.h"
 #include "common/mutex.h"
@@ -59,7 +58,7 @@ void StreamFence() {}
 #endif
 
 struct HostJob {
-  TransferJobId id = 0;
+  JobId id = 0;
   TransferDirection direction = TransferDirection::kGpuToCpu;
   std::vector<CopySegment> segments;
   uint64_t bytes = 0;
@@ -85,7 +84,7 @@ class HostTransferEngine final : public TransferEngine {
   }
 
   ~HostTransferEngine() override {
-    WaitAll();
+    Drain();
     owned_pool_.reset();
     for (void* p : allocations_) std::free(p);
   }
@@ -120,7 +119,7 @@ class HostTransferEngine final : public TransferEngine {
     return Status::Ok();
   }
 
-  Result<TransferJobId> Submit(TransferRequest request) override {
+  Result<JobId> Submit(TransferRequest request) override {
     auto job = std::make_shared<HostJob>();
     job->direction = request.direction;
     if (request.blocks.has_value()) {
@@ -169,69 +168,51 @@ class HostTransferEngine final : public TransferEngine {
     {
       MutexLock lock(&mu_);
       job->id = next_id_++;
-      fifo_[static_cast<int>(job->direction)].push_back(job);
-      jobs_[job->id] = job;
+      queue_.Push(static_cast<size_t>(job->direction), job);
     }
-    const TransferJobId id = job->id;
+    const JobId id = job->id;
     for (auto& p : pieces) {
       executor_->Schedule([this, job, segs = std::move(p)] { RunPiece(*job, segs); });
     }
     return id;
   }
 
-  void GetFinished(std::vector<TransferResult>* out) override {
+  void TakeFinished(std::vector<TransferResult>* out) override {
     MutexLock lock(&mu_);
-    for (auto& fifo : fifo_) {
-      while (!fifo.empty() && fifo.front()->done) {
-        const HostJob& j = *fifo.front();
-        TransferResult r;
-        r.job_id = j.id;
-        r.direction = j.direction;
-        r.success = true;
-        r.bytes = j.bytes;
-        r.seconds = static_cast<double>(j.end_ns - j.start_ns) / 1e9;
-        out->push_back(std::move(r));
-        jobs_.erase(j.id);
-        fifo.pop_front();
-      }
-    }
+    queue_.TakeFinished(IsDone, [out](const std::shared_ptr<HostJob>& job) {
+      const HostJob& j = *job;
+      TransferResult r;
+      r.job_id = j.id;
+      r.direction = j.direction;
+      r.success = true;
+      r.bytes = j.bytes;
+      r.seconds = static_cast<double>(j.end_ns - j.start_ns) / 1e9;
+      out->push_back(std::move(r));
+    });
   }
 
-  Status Wait(TransferJobId id) override {
+  Status Wait(JobId id) override {
     MutexLock lock(&mu_);
-    auto it = jobs_.find(id);
-    if (it == jobs_.end()) {
-      return Status::NotFound("transfer job " + std::to_string(id) +
-                              " unknown or already returned by GetFinished");
-    }
-    const auto& fifo = fifo_[static_cast<int>(it->second->direction)];
     while (true) {
-      bool all_done = true;
-      for (const auto& j : fifo) {
-        if (!j->done) {
-          all_done = false;
-          break;
-        }
-        if (j->id == id) break;
+      const std::optional<bool> done = queue_.FinishedThrough(id, IsDone);
+      if (!done.has_value()) {
+        return Status::NotFound("transfer job " + std::to_string(id) +
+                                " unknown or already returned by TakeFinished");
       }
-      if (all_done) return Status::Ok();
+      if (*done) return Status::Ok();
       done_cv_.Wait();
     }
   }
 
-  void WaitAll() override {
+  void Drain() override {
     MutexLock lock(&mu_);
-    while (true) {
-      bool all_done = true;
-      for (const auto& fifo : fifo_) {
-        for (const auto& j : fifo) all_done = all_done && j->done;
-      }
-      if (all_done) return;
-      done_cv_.Wait();
-    }
+    while (!queue_.AllFinished(IsDone)) done_cv_.Wait();
   }
 
  private:
+  // Called under mu_ (HostJob::done is guarded by it).
+  static bool IsDone(const HostJob& job) { return job.done; }
+
   void RunPiece(HostJob& job, const std::vector<CopySegment>& segs) {
     if (!job.started.exchange(true)) job.start_ns = clock_->MonotonicNanos();
     // Many mid-sized segments adding up to more than the caches hold: stream the stores (what
@@ -265,9 +246,8 @@ class HostTransferEngine final : public TransferEngine {
   CondVar done_cv_{&mu_};
   std::unique_ptr<KvLayout> layout_ GUARDED_BY(mu_);
   HostRegion region_ GUARDED_BY(mu_);
-  TransferJobId next_id_ GUARDED_BY(mu_) = 1;
-  std::deque<std::shared_ptr<HostJob>> fifo_[2] GUARDED_BY(mu_);
-  std::unordered_map<TransferJobId, std::shared_ptr<HostJob>> jobs_ GUARDED_BY(mu_);
+  JobId next_id_ GUARDED_BY(mu_) = 1;
+  InOrderJobQueue<HostJob, 2> queue_ GUARDED_BY(mu_);  // one lane per TransferDirection
   std::vector<void*> allocations_ GUARDED_BY(mu_);
 };
 

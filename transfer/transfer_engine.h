@@ -3,12 +3,16 @@
 //
 //   Submit(request)  queues a job (raw segments or a block-level spec) and returns its id at once;
 //                    it never waits for a copy. Invalid input is an error here (no job made).
-//   GetFinished(out) appends finished jobs: per direction in submission order, stopping at the
+//   TakeFinished(out) appends finished jobs: per direction in submission order, stopping at the
 //                    first unfinished job of that direction (vLLM's FIFO poll). Each result has
 //                    success, bytes and elapsed seconds (vLLM's TransferResult); a job that
 //                    failed carries its Status. A result is returned exactly once.
 //   Wait(job)        blocks until that job (and every earlier job of its direction) finished; its
-//                    result stays queued for GetFinished. Returns the job's status.
+//                    result stays queued for TakeFinished. Returns the job's status.
+//   Drain()          blocks until every submitted job finished (results stay queued).
+//
+// The verbs and result fields are the job contract every backend shares (transfer/job.h); the
+// in-order completion is transfer/job.h's InOrderJobQueue, one lane per direction.
 //
 // Jobs of one direction complete in order; the two directions are independent. Implementations:
 // the host engine (MakeHostTransferEngine, memcpy on an Executor, no GPU needed) and the CUDA
@@ -29,14 +33,13 @@
 
 #include "common/result.h"
 #include "common/status.h"
+#include "transfer/job.h"
 #include "transfer/kv_layout.h"
 
 namespace kvo {
 
 class Clock;
 class Executor;
-
-using TransferJobId = uint64_t;
 
 struct TransferRequest {
   TransferDirection direction = TransferDirection::kGpuToCpu;
@@ -49,14 +52,11 @@ struct TransferRequest {
   uintptr_t wait_event = 0;
 };
 
-// vLLM's TransferResult(job_id, success, transfer_size, transfer_time).
-struct TransferResult {
-  TransferJobId job_id = 0;
+// vLLM's TransferResult(job_id, success, transfer_size, transfer_time): the contract's job result
+// (job_id, success, bytes the job moves, seconds from start to end of its copies, status non-ok
+// when !success) and the direction.
+struct TransferResult : JobResultFields {
   TransferDirection direction = TransferDirection::kGpuToCpu;
-  bool success = false;
-  uint64_t bytes = 0;  // bytes the job moves
-  double seconds = 0;  // start to end of the job's copies
-  Status status;       // non-ok when !success
 };
 
 struct TransferEngineOptions {
@@ -93,17 +93,17 @@ class TransferEngine {
 
   // Queues a job. Errors (no job created): empty job, invalid segments, a block spec without a
   // registered layout or out of range.
-  virtual Result<TransferJobId> Submit(TransferRequest request) = 0;
+  virtual Result<JobId> Submit(TransferRequest request) = 0;
 
   // Appends finished results (see the file comment for order).
-  virtual void GetFinished(std::vector<TransferResult>* out) = 0;
+  virtual void TakeFinished(std::vector<TransferResult>* out) = 0;
 
   // Blocks until `job` finished. NotFound for an id never submitted or already returned by
-  // GetFinished.
-  virtual Status Wait(TransferJobId job) = 0;
+  // TakeFinished.
+  virtual Status Wait(JobId job) = 0;
 
   // Blocks until every submitted job finished (results stay queued).
-  virtual void WaitAll() = 0;
+  virtual void Drain() = 0;
 };
 
 // The host engine: memcpy on worker threads. Any addresses are host addresses.

@@ -524,14 +524,14 @@ class PyManager {
   void DrainTiers() {
     OffloadManager& m = M();
     py::gil_scoped_release release;
-    for (size_t i = 0; i < m.num_secondary_tiers(); ++i) m.secondary_tier(i).DrainJobs();
+    for (size_t i = 0; i < m.num_secondary_tiers(); ++i) m.secondary_tier(i).Drain();
   }
 
   // Drains the tiers' jobs and frees the manager; every later call raises.
   void Shutdown() {
     if (!manager_) return;
     for (size_t i = 0; i < manager_->num_secondary_tiers(); ++i) {
-      manager_->secondary_tier(i).DrainJobs();
+      manager_->secondary_tier(i).Drain();
     }
     manager_.reset();
     if (journal_) Check(journal_->Sync());

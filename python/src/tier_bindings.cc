@@ -40,7 +40,7 @@ class PyFsTier {
   }
 
   void Submit(bool store, uint64_t job_id, py::handle keys, py::handle slots, py::handle ctx) {
-    TransferJob job;
+    TierJob job;
     job.job_id = job_id;
     KeysFromIterable(keys, "keys", &job.keys);
     job.is_promotion = !store;
@@ -64,7 +64,7 @@ class PyFsTier {
   // [(job_id, success, successful_keys | None, lost_keys)]
   py::list TakeFinished() {
     results_.clear();
-    T().TakeFinishedJobs(&results_);
+    T().TakeFinished(&results_);
     py::list out;
     for (const JobResult& r : results_) {
       py::object ok = r.successful_keys ? py::object(KeysToList(*r.successful_keys)) : py::none();
@@ -87,7 +87,7 @@ class PyFsTier {
 
   void Drain() {
     py::gil_scoped_release release;
-    T().DrainJobs();
+    T().Drain();
   }
   void Touch(py::handle keys, py::handle ctx) {
     KeysFromIterable(keys, "keys", &keys_);
@@ -186,9 +186,9 @@ class PyEngine {
   }
 
   // [(job_id, success, bytes, seconds, error message)]
-  py::list GetFinished() {
+  py::list TakeFinished() {
     results_.clear();
-    engine_->GetFinished(&results_);
+    engine_->TakeFinished(&results_);
     py::list out;
     for (const TransferResult& r : results_) {
       out.append(py::make_tuple(r.job_id, r.success, r.bytes, r.seconds,
@@ -209,9 +209,9 @@ class PyEngine {
     return py::make_tuple(s.ok(), s.ok() ? std::string() : s.ToString());
   }
 
-  void WaitAll() {
+  void Drain() {
     py::gil_scoped_release release;
-    engine_->WaitAll();
+    engine_->Drain();
   }
 
  private:
@@ -240,9 +240,9 @@ void BindFsTierAndEngine(py::module_& m) {
       .def_property_readonly("name", &PyEngine::name)
       .def("submit", &PyEngine::Submit, py::arg("store"), py::arg("gpu_block_ids"),
            py::arg("group_sizes"), py::arg("block_indices"), py::arg("cpu_slots"))
-      .def("get_finished", &PyEngine::GetFinished)
+      .def("get_finished", &PyEngine::TakeFinished)
       .def("wait", &PyEngine::Wait, py::arg("job_id"))
-      .def("wait_all", &PyEngine::WaitAll);
+      .def("wait_all", &PyEngine::Drain);
 
   py::class_<PyFsTier>(m, "FsTier",
                        "kvo's file tier (vLLM's layout; bounded, restart-safe, integrity-checked) "

@@ -130,7 +130,7 @@ class ConsistencyTest : public ::testing::Test {
   void Step() {
     manager_->OnScheduleEnd();
     for (size_t t = 0; t < manager_->num_secondary_tiers(); ++t) {
-      manager_->secondary_tier(t).DrainJobs();
+      manager_->secondary_tier(t).Drain();
     }
     manager_->OnScheduleEnd();
     ASSERT_TRUE(manager_->PublishEvents().ok());

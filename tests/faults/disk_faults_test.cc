@@ -36,8 +36,8 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/fault_report.h"
 #include "tests/testing/temp_dir.h"
+#include "transfer/fs_block_store.h"
 #include "transfer/fs_file.h"
-#include "transfer/fs_tier.h"
 
 namespace kvo {
 namespace {
@@ -121,20 +121,20 @@ void CopyWithRecord(const std::string& from, const std::string& to) {
 class AttackedTier {
  public:
   explicit AttackedTier(uint64_t n) : n_(n), rows_(2 * n + 4) {
-    auto t = FsTier::Open(TierOptions(dir_.path()), rows_.region());
+    auto t = FsBlockStore::Open(TierOptions(dir_.path()), rows_.region());
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     tier_ = std::move(t).value();
-    FsTierOptions r1 = TierOptions(dir_.path());
+    FsBlockStoreOptions r1 = TierOptions(dir_.path());
     r1.rank = 1;
-    rank1_ = std::move(FsTier::Open(r1, rows_.region())).value();
-    other_ =
-        std::move(FsTier::Open(TierOptions(dir_.path(), "other-model"), rows_.region())).value();
+    rank1_ = std::move(FsBlockStore::Open(r1, rows_.region())).value();
+    other_ = std::move(FsBlockStore::Open(TierOptions(dir_.path(), "other-model"), rows_.region()))
+                 .value();
     for (uint64_t i = 0; i < n_; ++i) Restore(i);
   }
 
-  FsTier& tier() { return *tier_; }
+  FsBlockStore& tier() { return *tier_; }
   const std::string& root() const { return dir_.path(); }
-  std::string Path(FsTier& t, uint32_t rank, const FsBlockKey& k) {
+  std::string Path(FsBlockStore& t, uint32_t rank, const FsBlockKey& k) {
     return dir_.path() + "/" + FsBlockRelativePath(t.namespace_name(), rank, k);
   }
   std::string Path(uint64_t i) { return Path(*tier_, 0, Key(i)); }
@@ -264,7 +264,7 @@ class AttackedTier {
   testing::TempDir dir_;
   uint64_t n_;
   Rows rows_;
-  std::unique_ptr<FsTier> tier_, rank1_, other_;
+  std::unique_ptr<FsBlockStore> tier_, rank1_, other_;
 };
 
 struct Tally {
@@ -467,7 +467,7 @@ TEST(DiskFaultsTest, FsVerifyFindsEveryAttackedBlock) {
 [[noreturn]] void StoringChild(const std::string& root, const std::string& journal_dir,
                                uint64_t first, int report_fd) {
   Rows rows(4, kRow);
-  auto tier = FsTier::Open(TierOptions(root), rows.region());
+  auto tier = FsBlockStore::Open(TierOptions(root), rows.region());
   if (!tier.ok()) ::_exit(2);
   JournalOptions jo;
   jo.dir = journal_dir;
@@ -485,7 +485,7 @@ TEST(DiskFaultsTest, FsVerifyFindsEveryAttackedBlock) {
     auto id = (*tier)->SubmitStore(keys, slots);
     if (!id.ok() || !(*tier)->Wait(*id).ok()) ::_exit(4);
     std::vector<FsJobResult> done;
-    (*tier)->GetFinished(&done);
+    (*tier)->TakeFinished(&done);
     if (done.size() != 1 || !done[0].success) ::_exit(5);
     std::string payload;
     for (uint64_t k = 0; k < 4; ++k) payload += std::to_string(i + k) + ",";
@@ -556,7 +556,7 @@ TEST(DiskFaultsTest, KillDashNineOfAStoringProcessServesNoTornBlock) {
       }
     }
     Rows rows(8, kRow);
-    auto tier = FsTier::Open(TierOptions(root), rows.region());
+    auto tier = FsBlockStore::Open(TierOptions(root), rows.region());
     ASSERT_TRUE(tier.ok());
     auto scan = (*tier)->Scan();
     ASSERT_TRUE(scan.ok());

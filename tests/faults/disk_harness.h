@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "transfer/fs_tier.h"
+#include "transfer/fs_block_store.h"
 
 namespace kvo::disk_faults {
 
@@ -52,9 +52,9 @@ struct Rows {
   uint64_t stride;
 };
 
-inline FsTierOptions TierOptions(const std::string& root,
-                                 const std::string& model = "fault-model") {
-  FsTierOptions o;
+inline FsBlockStoreOptions TierOptions(const std::string& root,
+                                       const std::string& model = "fault-model") {
+  FsBlockStoreOptions o;
   o.root_dir = root;
   o.fields.model_name = model;
   o.n_read_threads = 2;
@@ -71,8 +71,8 @@ inline FsBlockKey Key(uint64_t i, uint32_t group = 0) {
 
 // Runs one job; a job that does not finish within 30 s fails (the FIFOs planted by the attacks
 // are released by the caller's `release`, so a hang becomes a failure, not a stuck test).
-inline std::optional<FsJobResult> RunJob(FsTier& tier, bool store, std::vector<FsBlockKey> keys,
-                                         std::vector<int64_t> slots,
+inline std::optional<FsJobResult> RunJob(FsBlockStore& tier, bool store,
+                                         std::vector<FsBlockKey> keys, std::vector<int64_t> slots,
                                          const std::function<void()>& release = nullptr) {
   auto id = store ? tier.SubmitStore(std::move(keys), std::move(slots))
                   : tier.SubmitLoad(std::move(keys), std::move(slots));
@@ -87,7 +87,7 @@ inline std::optional<FsJobResult> RunJob(FsTier& tier, bool store, std::vector<F
   }
   if (!done.get().ok()) return std::nullopt;
   std::vector<FsJobResult> out;
-  tier.GetFinished(&out);
+  tier.TakeFinished(&out);
   if (out.size() != 1) return std::nullopt;
   return std::move(out[0]);
 }

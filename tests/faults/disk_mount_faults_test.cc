@@ -33,8 +33,8 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/fault_report.h"
 #include "tests/testing/temp_dir.h"
+#include "transfer/fs_block_store.h"
 #include "transfer/fs_file.h"
-#include "transfer/fs_tier.h"
 
 namespace kvo {
 namespace {
@@ -92,7 +92,7 @@ TEST(DiskFaultsTest, FullTmpfsLosesNothingStored) {
     {
       stdfs::create_directories(mnt + "/fs");
       Rows rows(96);
-      auto tier = FsTier::Open(TierOptions(mnt + "/fs"), rows.region());
+      auto tier = FsBlockStore::Open(TierOptions(mnt + "/fs"), rows.region());
       ASSERT_TRUE(tier.ok()) << tier.status().ToString();
       std::vector<FsBlockKey> keys;
       std::vector<int64_t> slots;
@@ -195,7 +195,7 @@ TEST(DiskFaultsTest, ReadOnlyTmpfsServesWhatIsStoredAndRefusesClearly) {
     if (!m.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << m.error() << ")";
     Rows rows(16);
     stdfs::create_directories(mnt + "/fs");
-    auto tier = FsTier::Open(TierOptions(mnt + "/fs"), rows.region());
+    auto tier = FsBlockStore::Open(TierOptions(mnt + "/fs"), rows.region());
     ASSERT_TRUE(tier.ok());
     std::vector<FsBlockKey> keys;
     std::vector<int64_t> slots;
@@ -227,7 +227,7 @@ TEST(DiskFaultsTest, ReadOnlyTmpfsServesWhatIsStoredAndRefusesClearly) {
     ok = ok && st && st->blocks[0].outcome == FsBlockOutcome::kError &&
          st->blocks[0].status.message().find("Read-only file system") != std::string::npos;
     // A new tier on it: a clear error naming root_dir.
-    auto ro = FsTier::Open(TierOptions(mnt + "/fs"), rows.region());
+    auto ro = FsBlockStore::Open(TierOptions(mnt + "/fs"), rows.region());
     ok = ok && !ro.ok() && ro.status().message().find(mnt + "/fs") != std::string::npos;
     EXPECT_FALSE(ro.ok());
     // The journal: a read-write open fails clearly; a read-only open reads all 50 records.
@@ -360,7 +360,7 @@ TEST(DiskFaultsTest, JournalOpensPastJunkTailsAndRefusesFifos) {
     stdfs::create_directories(root);
     {
       Rows rows(1);
-      ASSERT_TRUE(FsTier::Open(TierOptions(root), rows.region()).ok());
+      ASSERT_TRUE(FsBlockStore::Open(TierOptions(root), rows.region()).ok());
     }
     std::string config;
     for (const auto& e : stdfs::directory_iterator(root)) {

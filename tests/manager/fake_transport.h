@@ -1,5 +1,5 @@
-// FakeTransport: a TierTransport for tests whose jobs finish only when told, over an in-memory
-// "medium" (a set of keys).
+// FakeTransport: a TierTransport for tests whose jobs finish only when told (the job contract's
+// fake, tests/testing/fake_jobs.h), over an in-memory "medium" (a set of keys).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,30 +11,25 @@
 #include <vector>
 
 #include "manager/indexed_tier.h"
+#include "tests/testing/fake_jobs.h"
 
 namespace kvo {
 
 // Completes jobs when told; the medium is a set of keys.
-class FakeTransport final : public TierTransport {
+class FakeTransport final : public TierTransport, public testing::FakeJobs<TierJob, JobResult> {
  public:
   // A crash: jobs in flight are lost (finished-but-unreported ones are on the medium).
-  void Crash() {
-    submitted.clear();
-    done.clear();
-  }
+  void Crash() { Lose(); }
 
-  Status SubmitStore(const TransferJob& job) override {
-    submitted.push_back(job);
+  Status SubmitStore(const TierJob& job) override {
+    Submit(job);
     return Status::Ok();
   }
-  Status SubmitLoad(const TransferJob& job) override {
-    submitted.push_back(job);
+  Status SubmitLoad(const TierJob& job) override {
+    Submit(job);
     return Status::Ok();
   }
-  void TakeFinished(std::vector<JobResult>* out) override {
-    for (JobResult& r : done) out->push_back(std::move(r));
-    done.clear();
-  }
+  void TakeFinished(std::vector<JobResult>* out) override { FakeJobs::TakeFinished(out); }
   void Drain() override {
     while (!submitted.empty()) Finish(submitted.front().job_id, true);
   }
@@ -52,19 +47,17 @@ class FakeTransport final : public TierTransport {
   // Finishes a submitted job; `ok_keys` for a partial success, `lost` for corrupt blocks.
   void Finish(uint64_t job_id, bool success, std::optional<std::vector<OffloadKey>> ok_keys = {},
               std::vector<OffloadKey> lost = {}) {
-    auto it = std::find_if(submitted.begin(), submitted.end(),
-                           [&](const TransferJob& j) { return j.job_id == job_id; });
-    ASSERT_NE(it, submitted.end());
-    if (!it->is_promotion) {
-      for (const OffloadKey& k : it->keys) {
+    const TierJob* job = Find(job_id);
+    ASSERT_NE(job, nullptr);
+    if (!job->is_promotion) {
+      for (const OffloadKey& k : job->keys) {
         const bool ok = success || (ok_keys && std::find(ok_keys->begin(), ok_keys->end(), k) !=
                                                    ok_keys->end());
         if (ok) medium.insert(k.VllmBytes());
       }
     }
     for (const OffloadKey& k : lost) medium.erase(k.VllmBytes());
-    done.push_back(JobResult{job_id, success, std::move(ok_keys), std::move(lost)});
-    submitted.erase(it);
+    Complete(job_id, JobResult{job_id, success, std::move(ok_keys), std::move(lost)});
   }
   void FinishAll() {
     while (!submitted.empty()) Finish(submitted.front().job_id, true);
@@ -77,8 +70,6 @@ class FakeTransport final : public TierTransport {
     return OffloadKey::FromDigest(std::string_view(b).substr(0, b.size() - 4), group);
   }
 
-  std::vector<TransferJob> submitted;
-  std::vector<JobResult> done;
   std::set<std::string> medium;  // OffloadKey::VllmBytes() of what is stored
   std::vector<OffloadKey> deleted;
 };

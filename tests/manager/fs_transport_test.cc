@@ -49,7 +49,7 @@ class FsTransportTest : public ::testing::Test {
   }
 
   ManagerOptions Build() {
-    FsTierOptions fo;
+    FsBlockStoreOptions fo;
     fo.root_dir = dir_.path();
     fo.fields.model_name = "test-model";
     fo.n_read_threads = fo.n_write_threads = 2;
@@ -86,7 +86,7 @@ class FsTransportTest : public ::testing::Test {
   // One scheduler step, with the disk I/O it started waited for and collected.
   void Step() {
     manager_->OnScheduleEnd();
-    manager_->secondary_tier(0).DrainJobs();
+    manager_->secondary_tier(0).Drain();
     manager_->OnScheduleEnd();
     ASSERT_TRUE(manager_->PublishEvents().ok());
   }
@@ -157,7 +157,7 @@ TEST_F(FsTransportTest, CorruptFileIsALostKeyRemovedFromDiskAndIndex) {
   for (int i = 0; i < 2; ++i) Store(i);
   // Flip a byte of block 1's file, then push both blocks out of the CPU tier.
   const std::string path = dir_.path() + "/" +
-                           FsBlockRelativePath(transport_->tier().namespace_name(), 0,
+                           FsBlockRelativePath(transport_->store().namespace_name(), 0,
                                                *FsBlockKeyFromDigest(K(1).digest(), 0));
   {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);

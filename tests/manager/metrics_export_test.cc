@@ -14,6 +14,7 @@
 #include "manager/metrics.h"
 #include "manager/offload_manager.h"
 #include "manager/secondary_tier.h"
+#include "tests/testing/fake_jobs.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/temp_dir.h"
 
@@ -146,7 +147,7 @@ TEST(MetricsExportTest, StoresSkippedWithStoreThreshold) {
 
 // A secondary tier whose lookups take `lookup_micros` on the manual clock and answer `answer`;
 // load jobs finish when the test says.
-class TimedTier final : public SecondaryTier {
+class TimedTier final : public SecondaryTier, public testing::FakeJobs<TierJob, JobResult> {
  public:
   explicit TimedTier(testing::ManualClock* clock) : clock_(clock) {}
   const std::string& name() const override { return name_; }
@@ -155,25 +156,21 @@ class TimedTier final : public SecondaryTier {
     clock_->AdvanceMicros(lookup_micros);
     return answer;
   }
-  Status SubmitStore(const TransferJob& job) override {
-    finished.push_back(JobResult{job.job_id, true, std::nullopt, {}});
+  Status SubmitStore(const TierJob& job) override {
+    Post(JobResult{job.job_id, true, std::nullopt, {}});
     return Status::Ok();
   }
-  Status SubmitLoad(const TransferJob& job) override {
+  Status SubmitLoad(const TierJob& job) override {
     loads.push_back(job);
     return Status::Ok();
   }
-  void TakeFinishedJobs(std::vector<JobResult>* out) override {
-    for (JobResult& r : finished) out->push_back(std::move(r));
-    finished.clear();
-  }
-  void DrainJobs() override {}
+  void TakeFinished(std::vector<JobResult>* out) override { FakeJobs::TakeFinished(out); }
+  void Drain() override {}
   void ListHeld(std::vector<OffloadKey>* /*out*/) const override {}
 
   LookupResult answer = LookupResult::kMiss;
   int64_t lookup_micros = 200;
-  std::vector<TransferJob> loads;
-  std::vector<JobResult> finished;
+  std::vector<TierJob> loads;
 
  private:
   testing::ManualClock* clock_;

@@ -94,7 +94,7 @@ class OffloadStackTest : public ::testing::Test {
   // One scheduler step with the disk I/O it started waited for.
   static void Step(OffloadManager& m) {
     m.OnScheduleEnd();
-    for (size_t t = 0; t < m.num_secondary_tiers(); ++t) m.secondary_tier(t).DrainJobs();
+    for (size_t t = 0; t < m.num_secondary_tiers(); ++t) m.secondary_tier(t).Drain();
     m.OnScheduleEnd();
     ASSERT_TRUE(m.PublishEvents().ok());
   }

@@ -205,7 +205,7 @@ class RecoveryTest : public ::testing::TestWithParam<std::tuple<bool, std::strin
       case 7: {  // the transfer engine finishes a job: success, partial, or a corrupt block
         FakeTransport& t = *transports_[rng_() % 2];
         if (t.submitted.empty()) break;
-        const TransferJob& job = t.submitted[rng_() % t.submitted.size()];
+        const TierJob& job = t.submitted[rng_() % t.submitted.size()];
         const unsigned kind = rng_() % 8;
         if (kind < 5) {
           t.Finish(job.job_id, true);

@@ -38,7 +38,7 @@ const RequestContext kCtx = Ctx("test");
 
 // vLLM's ExampleSecondaryTierManager made controllable: stores land in `blocks` when submitted;
 // jobs finish at once (sync) or when Finish() is called; every call is logged.
-class FakeTier final : public SecondaryTier {
+class FakeTier final : public SecondaryTier, public testing::FakeJobs<TierJob, JobResult> {
  public:
   FakeTier(std::string name, std::vector<std::string>* log, Medium medium = Medium::kStorage)
       : name_(std::move(name)), medium_(medium), log_(log) {}
@@ -51,28 +51,25 @@ class FakeTier final : public SecondaryTier {
     if (forced_lookup.has_value()) return *forced_lookup;
     return blocks.count(std::string(key.digest())) != 0 ? LookupResult::kHit : LookupResult::kMiss;
   }
-  Status SubmitStore(const TransferJob& job) override {
+  Status SubmitStore(const TierJob& job) override {
     Log("submit_store_" + name_, job.req_id);
     stores.push_back(job);
     for (const OffloadKey& k : job.keys) blocks.insert(std::string(k.digest()));
-    if (sync) finished.push_back(JobResult{job.job_id, true, std::nullopt, {}});
+    if (sync) Post(JobResult{job.job_id, true, std::nullopt, {}});
     return Status::Ok();
   }
-  Status SubmitLoad(const TransferJob& job) override {
+  Status SubmitLoad(const TierJob& job) override {
     Log("submit_load_" + name_, job.req_id);
     loads.push_back(job);
     if (load_result) {
-      finished.push_back(load_result(job));
+      Post(load_result(job));
     } else if (sync) {
-      finished.push_back(JobResult{job.job_id, true, std::nullopt, {}});
+      Post(JobResult{job.job_id, true, std::nullopt, {}});
     }
     return Status::Ok();
   }
-  void TakeFinishedJobs(std::vector<JobResult>* out) override {
-    for (JobResult& r : finished) out->push_back(std::move(r));
-    finished.clear();
-  }
-  void DrainJobs() override { ++drains; }
+  void TakeFinished(std::vector<JobResult>* out) override { FakeJobs::TakeFinished(out); }
+  void Drain() override { ++drains; }
   void TakeEvents(std::vector<OffloadingEvent>* out) override {
     for (OffloadingEvent& e : events) out->push_back(std::move(e));
     events.clear();
@@ -98,11 +95,10 @@ class FakeTier final : public SecondaryTier {
   std::vector<std::string>* log_;
   std::set<std::string> blocks;
   bool sync = true;
-  std::function<JobResult(const TransferJob&)> load_result;
+  std::function<JobResult(const TierJob&)> load_result;
   std::optional<LookupResult> forced_lookup;
   OffloadPolicy policy = OffloadPolicy::kBlockLevel;
-  std::vector<TransferJob> stores, loads;
-  std::vector<JobResult> finished;
+  std::vector<TierJob> stores, loads;
   std::vector<OffloadingEvent> events;
   std::vector<std::vector<OffloadKey>> touched;
   int drains = 0;
@@ -249,7 +245,7 @@ TEST_P(PartialPromotionTest, OnlyTheSuccessfulKeysAreKept) {
   const bool partial = GetParam();
   const std::vector<OffloadKey> blocks = Range(0, 3);
   for (const OffloadKey& k : blocks) T(0).blocks.insert(std::string(k.digest()));
-  T(0).load_result = [&](const TransferJob& job) {
+  T(0).load_result = [&](const TierJob& job) {
     JobResult r{job.job_id, false, std::nullopt, {}};
     if (partial) r.successful_keys = std::vector<OffloadKey>{blocks[0], blocks[2]};
     return r;

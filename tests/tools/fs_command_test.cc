@@ -10,7 +10,7 @@
 #include <string>
 
 #include "tests/testing/temp_dir.h"
-#include "transfer/fs_tier.h"
+#include "transfer/fs_block_store.h"
 
 namespace kvo {
 namespace {
@@ -40,11 +40,11 @@ TEST(FsCommandTest, ScanVerifyDu) {
   for (uint64_t i = 0; i < 4 * row; ++i) mem[i] = static_cast<uint8_t>(i * 7);
   std::string rank_dir;
   {
-    FsTierOptions o;
+    FsBlockStoreOptions o;
     o.root_dir = dir.path();
     o.fields.model_name = "test-model";
     o.n_read_threads = o.n_write_threads = 1;
-    auto tier = FsTier::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), 4, row});
+    auto tier = FsBlockStore::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), 4, row});
     ASSERT_TRUE(tier.ok());
     auto id = (*tier)->SubmitStore({{"0001020304050607", 0},
                                     {"0001020304050608", 1},

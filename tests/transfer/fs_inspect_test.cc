@@ -12,7 +12,7 @@
 #include <future>
 
 #include "tests/testing/temp_dir.h"
-#include "transfer/fs_tier.h"
+#include "transfer/fs_block_store.h"
 
 namespace kvo {
 namespace {
@@ -24,13 +24,13 @@ TEST(FsInspectTest, ReportsNamespacesBlocksAndProblems) {
   const uint64_t row = 4096;
   uint8_t* mem = static_cast<uint8_t*>(std::aligned_alloc(4096, 8 * row));
   for (uint64_t i = 0; i < 8 * row; ++i) mem[i] = static_cast<uint8_t>(i * 31);
-  FsTierOptions o;
+  FsBlockStoreOptions o;
   o.root_dir = dir.path();
   o.fields.model_name = "org/model";
   o.n_read_threads = o.n_write_threads = 1;
   std::string ns, rank_dir;
   {
-    auto tier = FsTier::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), 8, row});
+    auto tier = FsBlockStore::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), 8, row});
     ASSERT_TRUE(tier.ok());
     std::vector<FsBlockKey> keys;
     std::vector<int64_t> slots;
@@ -166,11 +166,11 @@ TEST(FsInspectTest, VerifyRejectsSparseGiantsAndMisfiledBlocks) {
   std::string rank_dir;
   std::vector<FsBlockKey> keys;
   {
-    FsTierOptions o;
+    FsBlockStoreOptions o;
     o.root_dir = dir.path();
     o.fields.model_name = "m";
     o.n_read_threads = o.n_write_threads = 1;
-    auto tier = FsTier::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), 4, row});
+    auto tier = FsBlockStore::Open(o, HostRegion{reinterpret_cast<uintptr_t>(mem), 4, row});
     ASSERT_TRUE(tier.ok());
     for (int i = 0; i < 4; ++i) keys.push_back(FsBlockKey{"abcdef0" + std::to_string(i), 0});
     auto id = (*tier)->SubmitStore(keys, {0, 1, 2, 3});

@@ -84,7 +84,7 @@ TEST(HostTransferEngineTest, RoundTripsBlocksByteExact) {
       EXPECT_EQ(kv.tensors[t][28 * 1024], 0xAB);
     }
     std::vector<TransferResult> done;
-    engine->GetFinished(&done);
+    engine->TakeFinished(&done);
     ASSERT_EQ(done.size(), 2u);
     for (const auto& r : done) {
       EXPECT_TRUE(r.success);
@@ -101,7 +101,7 @@ TEST(HostTransferEngineTest, CompletesInOrderPerDirection) {
   auto engine = Engine(4);
   std::vector<uint8_t> src(1 << 22), dst(1 << 22);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
-  std::vector<TransferJobId> ids[2];
+  std::vector<JobId> ids[2];
   for (int i = 0; i < 64; ++i) {
     // Job i copies within its own 64 KiB slice: jobs of a direction may run at once (only their
     // completion is ordered), so overlapping destinations would be a race in this test.
@@ -118,8 +118,8 @@ TEST(HostTransferEngineTest, CompletesInOrderPerDirection) {
   }
   // Poll while the jobs run (jobs finish out of order on 4 workers; results must not).
   std::vector<TransferResult> got;
-  while (got.size() < 64) engine->GetFinished(&got);
-  std::vector<TransferJobId> seen[2];
+  while (got.size() < 64) engine->TakeFinished(&got);
+  std::vector<JobId> seen[2];
   for (const auto& r : got) seen[static_cast<int>(r.direction)].push_back(r.job_id);
   EXPECT_EQ(seen[0], ids[0]);
   EXPECT_EQ(seen[1], ids[1]);
@@ -149,7 +149,7 @@ TEST(HostTransferEngineTest, RejectsBadJobsWithoutSideEffects) {
   blocks.blocks = BlockTransferSpec{{4}, {1}, {}, {0}};  // block out of range
   EXPECT_EQ(engine->Submit(blocks).status().code(), StatusCode::kOutOfRange);
   std::vector<TransferResult> none;
-  engine->GetFinished(&none);
+  engine->TakeFinished(&none);
   EXPECT_TRUE(none.empty());
   EXPECT_EQ(engine->Wait(12345).code(), StatusCode::kNotFound);
   EXPECT_EQ(MakeTransferEngine("nope", {}).status().code(), StatusCode::kNotFound);

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "transfer/cuda/cuda_internal.h"
+#include "transfer/job.h"
 #include "transfer/staging_plan.h"
 
 namespace kvo::cuda {
@@ -92,7 +93,7 @@ class DescriptorPool {
 };
 
 struct Job {
-  TransferJobId id = 0;
+  JobId id = 0;
   TransferDirection direction = TransferDirection::kGpuToCpu;
   CopyMethod method = CopyMethod::kAuto;
   bool busy = false;  // the compute stream had queued work at Submit
@@ -114,7 +115,6 @@ struct Lane {
   std::array<cudaEvent_t, 2> slot_free{};   // staging slot drained
   uint64_t next_slot = 0;
   cudaEvent_t tail = nullptr;  // end of the direction's last job (in-order completion)
-  std::deque<std::shared_ptr<Job>> fifo;
 };
 
 // A host range whose device-usable address is known (pinned by us or registered).
@@ -143,7 +143,6 @@ class CudaTransferEngine final : public TransferEngine {
       if (lane.kernel) cudaStreamSynchronize(lane.kernel);
     }
     for (Lane& lane : lanes_) {
-      for (auto& job : lane.fifo) DestroyJobResources(job.get());
       for (void* s : lane.staging) {
         if (s) cudaFree(s);
       }
@@ -157,6 +156,7 @@ class CudaTransferEngine final : public TransferEngine {
       if (lane.copy) cudaStreamDestroy(lane.copy);
       if (lane.kernel) cudaStreamDestroy(lane.kernel);
     }
+    jobs_.ForEach([this](Job& job) { DestroyJobResources(&job); });
     if (compute_event_) cudaEventDestroy(compute_event_);
     for (const PinnedRange& r : pinned_) {
       if (r.ownership == Ownership::kAllocated) {
@@ -266,7 +266,7 @@ class CudaTransferEngine final : public TransferEngine {
     return Status::Ok();
   }
 
-  Result<TransferJobId> Submit(TransferRequest request) override {
+  Result<JobId> Submit(TransferRequest request) override {
     MutexLock lock(&mu_);
     const bool d2h = request.direction == TransferDirection::kGpuToCpu;
     // A block spec is checked whole here (counts, slots, every block id: O(blocks), no segment
@@ -346,52 +346,46 @@ class CudaTransferEngine final : public TransferEngine {
       KVO_LOG_WARN("cuda transfer job {} failed to enqueue: {}", job->id, st.ToString());
       job->status = st;
     }
-    lane.fifo.push_back(job);
+    jobs_.Push(static_cast<size_t>(request.direction), job);
     recent_methods_.emplace_back(job->id, method);
     if (recent_methods_.size() > 4096) recent_methods_.pop_front();
     return job->id;
   }
 
-  void GetFinished(std::vector<TransferResult>* out) override {
+  // In order per direction (transfer/job.h): a lane's front job is finished once its end event
+  // completed or it failed (an enqueue error, or the event query reports one).
+  void TakeFinished(std::vector<TransferResult>* out) override {
     MutexLock lock(&mu_);
     cudaSetDevice(device_);
-    for (Lane& lane : lanes_) {
-      while (!lane.fifo.empty()) {
-        std::shared_ptr<Job> job = lane.fifo.front();
-        TransferResult r;
-        r.job_id = job->id;
-        r.direction = job->direction;
-        r.bytes = job->bytes;
-        if (job->status.ok()) {
-          cudaError_t q = cudaEventQuery(job->end);
-          if (q == cudaErrorNotReady) break;
-          if (q != cudaSuccess) {
-            job->status = CudaStatus(q, "transfer job");
-          } else {
-            float ms = 0;
-            cudaError_t e = cudaEventElapsedTime(&ms, job->start, job->end);
-            if (e == cudaSuccess) r.seconds = ms / 1000.0;
-          }
-        }
-        r.success = job->status.ok();
-        r.status = job->status;
-        DestroyJobResources(job.get());
-        lane.fifo.pop_front();
-        out->push_back(std::move(r));
+    auto finished = [](Job& job) {
+      if (!job.status.ok()) return true;
+      const cudaError_t q = cudaEventQuery(job.end);
+      if (q == cudaErrorNotReady) return false;
+      if (q != cudaSuccess) job.status = CudaStatus(q, "transfer job");
+      return true;
+    };
+    jobs_.TakeFinished(finished, [this, out](const std::shared_ptr<Job>& job) {
+      TransferResult r;
+      r.job_id = job->id;
+      r.direction = job->direction;
+      r.bytes = job->bytes;
+      if (job->status.ok()) {
+        float ms = 0;
+        cudaError_t e = cudaEventElapsedTime(&ms, job->start, job->end);
+        if (e == cudaSuccess) r.seconds = ms / 1000.0;
       }
-    }
+      r.success = job->status.ok();
+      r.status = job->status;
+      DestroyJobResources(job.get());
+      out->push_back(std::move(r));
+    });
   }
 
-  // Synchronises under the lock so GetFinished cannot destroy the job's event meanwhile; copies
+  // Synchronises under the lock so TakeFinished cannot destroy the job's event meanwhile; copies
   // never need the lock to progress, so this only delays other callers of the engine.
-  Status Wait(TransferJobId id) override {
+  Status Wait(JobId id) override {
     MutexLock lock(&mu_);
-    std::shared_ptr<Job> job;
-    for (Lane& lane : lanes_) {
-      for (auto& j : lane.fifo) {
-        if (j->id == id) job = j;
-      }
-    }
+    std::shared_ptr<Job> job = jobs_.Find(id);
     if (!job) return Status::NotFound("cuda transfer: no pending job " + std::to_string(id));
     if (!job->status.ok()) return job->status;
     KVO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -399,17 +393,15 @@ class CudaTransferEngine final : public TransferEngine {
     return Status::Ok();
   }
 
-  void WaitAll() override {
+  void Drain() override {
     MutexLock lock(&mu_);
     cudaSetDevice(device_);
-    for (Lane& lane : lanes_) {
-      for (auto& job : lane.fifo) {
-        if (job->end) cudaEventSynchronize(job->end);
-      }
-    }
+    jobs_.ForEach([](Job& job) {
+      if (job.end) cudaEventSynchronize(job.end);
+    });
   }
 
-  Result<CopyMethod> MethodOf(TransferJobId id) {
+  Result<CopyMethod> MethodOf(JobId id) {
     MutexLock lock(&mu_);
     for (const auto& [jid, m] : recent_methods_) {
       if (jid == id) return m;
@@ -654,13 +646,14 @@ class CudaTransferEngine final : public TransferEngine {
 
   Mutex mu_;
   cudaEvent_t compute_event_ = nullptr;
-  std::array<Lane, 2> lanes_;  // indexed by TransferDirection
+  std::array<Lane, 2> lanes_;     // indexed by TransferDirection
+  InOrderJobQueue<Job, 2> jobs_;  // one lane per TransferDirection
   std::vector<PinnedRange> pinned_;
   DescriptorPool descriptor_pool_;
   std::unique_ptr<KvLayout> layout_;
   HostRegion region_;
-  TransferJobId next_id_ = 1;
-  std::deque<std::pair<TransferJobId, CopyMethod>> recent_methods_;
+  JobId next_id_ = 1;
+  std::deque<std::pair<JobId, CopyMethod>> recent_methods_;
   // Per-submit work buffers, reused (their capacity stays): no heap allocation per job once grown.
   std::vector<CopySegment> segs_;
   HostRowExpander expander_;
@@ -731,7 +724,7 @@ Result<std::unique_ptr<TransferEngine>> MakeCudaTransferEngine(const TransferEng
   return std::unique_ptr<TransferEngine>(std::move(engine));
 }
 
-Result<CopyMethod> JobMethod(TransferEngine* engine, TransferJobId job) {
+Result<CopyMethod> JobMethod(TransferEngine* engine, JobId job) {
   auto* cuda_engine = dynamic_cast<CudaTransferEngine*>(engine);
   if (cuda_engine == nullptr) return Status::NotFound("not a cuda transfer engine");
   return cuda_engine->MethodOf(job);

@@ -13,7 +13,7 @@
 //   - copy methods: staging (gather/scatter kernel into a double-buffered device staging buffer +
 //     DMA of the contiguous host runs), kernel (zero-copy gather/scatter through mapped pinned
 //     memory), batch (cudaMemcpyBatchAsync), dma (one cudaMemcpyAsync per segment), auto.
-//   - completion and timing by CUDA events; GetFinished polls them in FIFO order per direction.
+//   - completion and timing by CUDA events; TakeFinished polls them in FIFO order per direction.
 #pragma once
 
 #include <cstddef>
@@ -71,7 +71,7 @@ Result<std::unique_ptr<TransferEngine>> MakeCudaTransferEngine(const TransferEng
 
 // The method the engine used for a finished or pending job (for tests and the benchmark).
 // NotFound for an unknown job or an engine that is not the CUDA engine.
-Result<CopyMethod> JobMethod(TransferEngine* engine, TransferJobId job);
+Result<CopyMethod> JobMethod(TransferEngine* engine, JobId job);
 
 // ---- Device helpers (tests, benchmark) ---------------------------------------------------
 

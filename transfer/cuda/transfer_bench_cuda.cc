@@ -171,13 +171,13 @@ Result<double> RunOne(TransferEngine* engine, const BlockTransferSpec& spec, Tra
   TransferRequest req;
   req.direction = d;
   req.blocks = spec;
-  KVO_ASSIGN_OR_RETURN(TransferJobId id, engine->Submit(std::move(req)));
+  KVO_ASSIGN_OR_RETURN(JobId id, engine->Submit(std::move(req)));
   if (picked != nullptr) {
     KVO_ASSIGN_OR_RETURN(*picked, cuda::JobMethod(engine, id));
   }
   KVO_RETURN_IF_ERROR(engine->Wait(id));
   std::vector<TransferResult> results;
-  engine->GetFinished(&results);
+  engine->TakeFinished(&results);
   for (const auto& r : results) {
     if (!r.success) return r.status;
     if (r.job_id == id) return r.seconds;
@@ -332,14 +332,14 @@ Result<LoadedResult> UnderLoad(Ctx& c, Setup& s, const Busy& b, TransferDirectio
     TransferRequest req;
     req.direction = d;
     req.blocks = s.a;
-    KVO_ASSIGN_OR_RETURN(TransferJobId id, s.engine->Submit(req));
+    KVO_ASSIGN_OR_RETURN(JobId id, s.engine->Submit(req));
     KVO_ASSIGN_OR_RETURN(out.picked, cuda::JobMethod(s.engine.get(), id));
     const int n = static_cast<int>(3.0 * idle_seconds * 1e6 / b.alone_us) + 30;
     KVO_RETURN_IF_ERROR(LaunchBusy(c, b, std::min(n, 4000), &before, &after));
     KVO_RETURN_IF_ERROR(s.engine->Wait(id));
     KVO_RETURN_IF_ERROR(c.compute.Synchronize());
     std::vector<TransferResult> results;
-    s.engine->GetFinished(&results);
+    s.engine->TakeFinished(&results);
     if (results.size() != 1 || !results[0].success) {
       return Status::Internal("bench: under-load job failed");
     }
@@ -465,13 +465,13 @@ Status RunAll(Ctx& c) {
       ld.direction = TransferDirection::kCpuToGpu;
       ld.blocks = s.b;
       ld.wait_event = gate.handle();
-      KVO_ASSIGN_OR_RETURN(TransferJobId a, s.engine->Submit(st));
-      KVO_ASSIGN_OR_RETURN(TransferJobId b, s.engine->Submit(ld));
+      KVO_ASSIGN_OR_RETURN(JobId a, s.engine->Submit(st));
+      KVO_ASSIGN_OR_RETURN(JobId b, s.engine->Submit(ld));
       KVO_RETURN_IF_ERROR(s.engine->Wait(a));
       KVO_RETURN_IF_ERROR(s.engine->Wait(b));
       double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::vector<TransferResult> results;
-      s.engine->GetFinished(&results);
+      s.engine->TakeFinished(&results);
       double longest = 0;
       for (const auto& r : results) {
         if (!r.success) return r.status;

@@ -88,7 +88,7 @@ void RunJob(TransferEngine* engine, TransferRequest request, uint64_t expect_byt
   ASSERT_TRUE(id.ok()) << id.status().ToString();
   ASSERT_TRUE(engine->Wait(*id).ok());
   std::vector<TransferResult> results;
-  engine->GetFinished(&results);
+  engine->TakeFinished(&results);
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].job_id, *id);
   EXPECT_TRUE(results[0].success) << results[0].status.ToString();
@@ -205,7 +205,7 @@ TEST_P(CudaEngineMethodTest, RawSegmentsOddSizesAndManyJobsInOrder) {
   if (HasFatalFailure()) return;
   // Raw segments with sizes and offsets that are not multiples of 16 (byte path of the kernels).
   std::vector<uint64_t> ids;
-  std::vector<TransferJobId> jobs;
+  std::vector<JobId> jobs;
   std::vector<uint8_t> expect(f.region.bytes(), kHostPoison);
   for (int j = 0; j < 8; ++j) {
     TransferRequest req;
@@ -222,9 +222,9 @@ TEST_P(CudaEngineMethodTest, RawSegmentsOddSizesAndManyJobsInOrder) {
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     jobs.push_back(*id);
   }
-  f.engine->WaitAll();
+  f.engine->Drain();
   std::vector<TransferResult> results;
-  f.engine->GetFinished(&results);
+  f.engine->TakeFinished(&results);
   ASSERT_EQ(results.size(), jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
     EXPECT_EQ(results[i].job_id, jobs[i]);
@@ -234,7 +234,7 @@ TEST_P(CudaEngineMethodTest, RawSegmentsOddSizesAndManyJobsInOrder) {
             0);
   // Every result is returned once.
   results.clear();
-  f.engine->GetFinished(&results);
+  f.engine->TakeFinished(&results);
   EXPECT_TRUE(results.empty());
   EXPECT_EQ(f.engine->Wait(jobs[0]).code(), StatusCode::kNotFound);
 }
@@ -335,7 +335,7 @@ TEST(CudaEngineStagingTest, ManyChunksBothShapesByteExact) {
 }
 
 // A staging job of many chunks whose only bad block id is its very last one: the whole job is
-// refused at Submit (no job id, nothing reported by GetFinished) and neither side was written —
+// refused at Submit (no job id, nothing reported by TakeFinished) and neither side was written —
 // the check is whole-job before chunk 0 is enqueued, though segments are generated per chunk.
 TEST(CudaEngineStagingTest, BadBlockInTheLastChunkFailsTheWholeJobBeforeAnyCopy) {
   SKIP_WITHOUT_DEVICE();
@@ -367,9 +367,9 @@ TEST(CudaEngineStagingTest, BadBlockInTheLastChunkFailsTheWholeJobBeforeAnyCopy)
     ASSERT_FALSE(id.ok());
     EXPECT_EQ(id.status().code(), StatusCode::kOutOfRange) << id.status().ToString();
     EXPECT_NE(id.status().message().find("GPU block 256"), std::string::npos);
-    f.engine->WaitAll();
+    f.engine->Drain();
     std::vector<TransferResult> results;
-    f.engine->GetFinished(&results);
+    f.engine->TakeFinished(&results);
     EXPECT_TRUE(results.empty());
     const uint8_t* host = reinterpret_cast<const uint8_t*>(f.region.base);
     size_t touched = 0;
@@ -443,7 +443,7 @@ TEST(CudaEngineTest, AutoPicksStagingWhenComputeIsBusyAndKernelForSmallIdleJobs)
       LaunchDelayedFill(compute->handle(), dev->addr() + (32 << 20), 4096, 1, 20'000'000).ok());
   EXPECT_EQ(job(4, 16 << 10), CopyMethod::kStaging);  // small, but the GPU is busy
   std::vector<TransferResult> results;
-  (*engine)->GetFinished(&results);
+  (*engine)->TakeFinished(&results);
   EXPECT_EQ(results.size(), 3u);
 }
 

@@ -1,4 +1,4 @@
-#include "transfer/fs_tier.h"
+#include "transfer/fs_block_store.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -41,7 +41,7 @@ std::string_view FsBlockOutcomeName(FsBlockOutcome o) {
 namespace {
 
 struct Job {
-  uint64_t id = 0;
+  JobId id = 0;
   bool is_store = false;
   std::vector<FsBlockKey> keys;
   std::vector<int64_t> slots;
@@ -60,8 +60,8 @@ struct Task {
 
 }  // namespace
 
-struct FsTier::Impl {
-  FsTierOptions options;
+struct FsBlockStore::Impl {
+  FsBlockStoreOptions options;
   HostRegion region;
   std::string ns_name;
   Dir root;
@@ -123,9 +123,14 @@ struct FsTier::Impl {
 
   void Run(const Task& t) {
     Job& job = *t.job;
+    const int64_t begin = clock->MonotonicNanos();
     FsBlockResult r = job.is_store ? StoreOne(job.keys[t.index], job.slots[t.index])
                                    : LoadOne(job.keys[t.index], job.slots[t.index]);
-    if (r.outcome == FsBlockOutcome::kOk) job.bytes.fetch_add(region.row_stride);
+    r.seconds = static_cast<double>(clock->MonotonicNanos() - begin) / 1e9;
+    if (r.outcome == FsBlockOutcome::kOk) {
+      r.bytes = region.row_stride;
+      job.bytes.fetch_add(region.row_stride);
+    }
     job.results[t.index] = std::move(r);
     if (job.remaining.fetch_sub(1) == 1) {
       const int64_t end = clock->MonotonicNanos();
@@ -218,7 +223,7 @@ struct FsTier::Impl {
     return r;
   }
 
-  Result<uint64_t> Submit(bool is_store, std::vector<FsBlockKey> keys, std::vector<int64_t> slots) {
+  Result<JobId> Submit(bool is_store, std::vector<FsBlockKey> keys, std::vector<int64_t> slots) {
     const char* what = is_store ? "fs store job" : "fs load job";
     if (keys.empty()) return Status::InvalidArgument(std::string(what) + ": no blocks");
     if (keys.size() != slots.size()) {
@@ -252,7 +257,8 @@ struct FsTier::Impl {
   }
 };
 
-Result<std::unique_ptr<FsTier>> FsTier::Open(FsTierOptions options, HostRegion region) {
+Result<std::unique_ptr<FsBlockStore>> FsBlockStore::Open(FsBlockStoreOptions options,
+                                                         HostRegion region) {
   if (region.base == 0 || region.num_slots == 0 || region.row_stride == 0) {
     return Status::InvalidArgument("fs tier: empty host region");
   }
@@ -275,7 +281,7 @@ Result<std::unique_ptr<FsTier>> FsTier::Open(FsTierOptions options, HostRegion r
   const std::string rank_name = ns + "_r" + std::to_string(options.rank);
   KVO_ASSIGN_OR_RETURN(Dir rank, fs_internal::OpenChildDir(root, rank_name, true, options.dir_mode,
                                                            "rank directory"));
-  std::unique_ptr<FsTier> tier(new FsTier());
+  std::unique_ptr<FsBlockStore> tier(new FsBlockStore());
   tier->impl_ = std::make_unique<Impl>();
   Impl& impl = *tier->impl_;
   impl.options = std::move(options);
@@ -297,19 +303,19 @@ Result<std::unique_ptr<FsTier>> FsTier::Open(FsTierOptions options, HostRegion r
   return tier;
 }
 
-FsTier::~FsTier() {
-  if (impl_ != nullptr) WaitAll();
+FsBlockStore::~FsBlockStore() {
+  if (impl_ != nullptr) Drain();
 }
 
-Result<uint64_t> FsTier::SubmitStore(std::vector<FsBlockKey> keys, std::vector<int64_t> slots) {
+Result<JobId> FsBlockStore::SubmitStore(std::vector<FsBlockKey> keys, std::vector<int64_t> slots) {
   return impl_->Submit(true, std::move(keys), std::move(slots));
 }
 
-Result<uint64_t> FsTier::SubmitLoad(std::vector<FsBlockKey> keys, std::vector<int64_t> slots) {
+Result<JobId> FsBlockStore::SubmitLoad(std::vector<FsBlockKey> keys, std::vector<int64_t> slots) {
   return impl_->Submit(false, std::move(keys), std::move(slots));
 }
 
-void FsTier::GetFinished(std::vector<FsJobResult>* out) {
+void FsBlockStore::TakeFinished(std::vector<FsJobResult>* out) {
   MutexLock lock(&impl_->mu);
   for (auto& job : impl_->finished) {
     FsJobResult r;
@@ -327,7 +333,7 @@ void FsTier::GetFinished(std::vector<FsJobResult>* out) {
   impl_->finished.clear();
 }
 
-Status FsTier::Wait(uint64_t job_id) {
+Status FsBlockStore::Wait(JobId job_id) {
   MutexLock lock(&impl_->mu);
   auto it = impl_->jobs.find(job_id);
   if (it == impl_->jobs.end()) {
@@ -338,7 +344,7 @@ Status FsTier::Wait(uint64_t job_id) {
   return Status::Ok();
 }
 
-void FsTier::WaitAll() {
+void FsBlockStore::Drain() {
   MutexLock lock(&impl_->mu);
   while (true) {
     bool all = true;
@@ -348,10 +354,10 @@ void FsTier::WaitAll() {
   }
 }
 
-uint64_t FsTier::corrupt_blocks() const { return impl_->corrupt_count.load(); }
-uint64_t FsTier::misfiled_blocks() const { return impl_->misfiled_count.load(); }
+uint64_t FsBlockStore::corrupt_blocks() const { return impl_->corrupt_count.load(); }
+uint64_t FsBlockStore::misfiled_blocks() const { return impl_->misfiled_count.load(); }
 
-bool FsTier::Exists(const FsBlockKey& key) {
+bool FsBlockStore::Exists(const FsBlockKey& key) {
   if (!ValidateBlockHex(key.hex).ok()) return false;
   auto d1 = fs_internal::OpenChildDir(impl_->rank, FsBlockDir1(key), false, 0700, "directory");
   if (!d1.ok()) return false;
@@ -362,7 +368,7 @@ bool FsTier::Exists(const FsBlockKey& key) {
          S_ISREG(st.st_mode);
 }
 
-Status FsTier::Delete(const FsBlockKey& key) {
+Status FsBlockStore::Delete(const FsBlockKey& key) {
   KVO_RETURN_IF_ERROR(ValidateBlockHex(key.hex));
   auto d1 = fs_internal::OpenChildDir(impl_->rank, FsBlockDir1(key), false, 0700, "directory");
   if (!d1.ok()) return d1.status().code() == StatusCode::kNotFound ? Status::Ok() : d1.status();
@@ -371,7 +377,7 @@ Status FsTier::Delete(const FsBlockKey& key) {
   return fs_internal::RemoveBlockFile(*d2, FsBlockFileName(key));
 }
 
-Result<FsScanResult> FsTier::Scan(double temp_age_seconds) {
+Result<FsScanResult> FsBlockStore::Scan(double temp_age_seconds) {
   FsScanResult out;
   const uint64_t want = impl_->region.row_stride;
   KVO_RETURN_IF_ERROR(fs_internal::WalkRankDir(
@@ -404,7 +410,7 @@ Result<FsScanResult> FsTier::Scan(double temp_age_seconds) {
   return out;
 }
 
-std::string FsTier::rank_dir() const {
+std::string FsBlockStore::rank_dir() const {
   return impl_->options.root_dir + "/" + ns_name_ + "_r" + std::to_string(impl_->options.rank);
 }
 

@@ -1,4 +1,4 @@
-#include "transfer/fs_tier.h"
+#include "transfer/fs_block_store.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -60,8 +60,8 @@ FsRunFields Fields() {
   return f;
 }
 
-FsTierOptions Options(const std::string& root) {
-  FsTierOptions o;
+FsBlockStoreOptions Options(const std::string& root) {
+  FsBlockStoreOptions o;
   o.root_dir = root;
   o.fields = Fields();
   o.n_read_threads = 2;
@@ -76,7 +76,7 @@ FsBlockKey Key(uint64_t i, uint32_t group = 0) {
   return FsBlockKey{buf, group};
 }
 
-std::string BlockPath(const FsTier& tier, const std::string& root, const FsBlockKey& k) {
+std::string BlockPath(const FsBlockStore& tier, const std::string& root, const FsBlockKey& k) {
   return root + "/" + FsBlockRelativePath(tier.namespace_name(), 0, k);
 }
 
@@ -87,7 +87,7 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
-FsJobResult RunJob(FsTier& tier, bool store, std::vector<FsBlockKey> keys,
+FsJobResult RunJob(FsBlockStore& tier, bool store, std::vector<FsBlockKey> keys,
                    std::vector<int64_t> slots) {
   auto id = store ? tier.SubmitStore(std::move(keys), std::move(slots))
                   : tier.SubmitLoad(std::move(keys), std::move(slots));
@@ -95,28 +95,28 @@ FsJobResult RunJob(FsTier& tier, bool store, std::vector<FsBlockKey> keys,
   if (!id.ok()) return {};
   EXPECT_TRUE(tier.Wait(*id).ok());
   std::vector<FsJobResult> out;
-  tier.GetFinished(&out);
+  tier.TakeFinished(&out);
   EXPECT_EQ(out.size(), 1u);
   if (out.empty()) return {};
   EXPECT_EQ(out[0].job_id, *id);
   return std::move(out[0]);
 }
 
-class FsTierTest : public ::testing::TestWithParam<bool> {
+class FsBlockStoreTest : public ::testing::TestWithParam<bool> {
  protected:
-  FsTierOptions Opts() {
-    FsTierOptions o = Options(dir_.path());
+  FsBlockStoreOptions Opts() {
+    FsBlockStoreOptions o = Options(dir_.path());
     o.force_sidecar_records = GetParam();
     return o;
   }
   testing::TempDir dir_;
 };
 
-TEST_P(FsTierTest, StoresAndLoadsVllmLayoutByteExact) {
+TEST_P(FsBlockStoreTest, StoresAndLoadsVllmLayoutByteExact) {
   Rows rows(8);
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   for (uint64_t i = 0; i < 4; ++i) rows.Fill(i, 100 + i);
   std::vector<FsBlockKey> keys = {Key(0), Key(1, 1), Key(2), Key(3, 7)};
   FsJobResult st = RunJob(t, true, keys, {0, 1, 2, 3});
@@ -159,11 +159,44 @@ TEST_P(FsTierTest, StoresAndLoadsVllmLayoutByteExact) {
   EXPECT_EQ(miss.blocks[0].outcome, FsBlockOutcome::kMiss);
 }
 
-TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
+// The job contract's per-block fields (transfer/job.h): a block's bytes are the row when it moved
+// and 0 when it did not (skipped store, missing load); the job's bytes are their sum; no block
+// took longer than its job.
+TEST_P(FsBlockStoreTest, BlockResultsCarryBytesAndSecondsOfTheJobContract) {
+  Rows rows(4);
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  FsBlockStore& t = **tier;
+  for (uint64_t i = 0; i < 3; ++i) rows.Fill(i, 500 + i);
+  ASSERT_TRUE(RunJob(t, true, {Key(50)}, {0}).success);
+  FsJobResult st = RunJob(t, true, {Key(50), Key(51), Key(52)}, {0, 1, 2});
+  ASSERT_EQ(st.blocks.size(), 3u);
+  EXPECT_EQ(st.blocks[0].outcome, FsBlockOutcome::kSkipped);
+  EXPECT_EQ(st.blocks[0].bytes, 0u);
+  FsJobResult ld = RunJob(t, false, {Key(51), Key(53)}, {3, 0});
+  ASSERT_EQ(ld.blocks.size(), 2u);
+  EXPECT_EQ(ld.blocks[1].outcome, FsBlockOutcome::kMiss);
+  EXPECT_EQ(ld.blocks[1].bytes, 0u);
+  EXPECT_TRUE(rows.Matches(3, 501));
+  for (const FsJobResult* r : {&st, &ld}) {
+    uint64_t sum = 0;
+    for (const FsBlockResult& b : r->blocks) {
+      sum += b.bytes;
+      EXPECT_EQ(b.bytes, b.outcome == FsBlockOutcome::kOk ? kRow : 0u);
+      EXPECT_GE(b.seconds, 0.0);
+      EXPECT_LE(b.seconds, r->seconds);
+    }
+    EXPECT_EQ(sum, r->bytes);
+  }
+  EXPECT_EQ(st.bytes, 2 * kRow);
+  EXPECT_EQ(ld.bytes, kRow);
+}
+
+TEST_P(FsBlockStoreTest, CorruptFilesAreMissesRemovedAndReported) {
   Rows rows(8);
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   for (uint64_t i = 0; i < 4; ++i) rows.Fill(i, 7 + i);
   std::vector<FsBlockKey> keys = {Key(10), Key(11), Key(12), Key(13)};
   ASSERT_TRUE(RunJob(t, true, keys, {0, 1, 2, 3}).success);
@@ -202,11 +235,11 @@ TEST_P(FsTierTest, CorruptFilesAreMissesRemovedAndReported) {
 // (with its record: an xattr moves with the inode; a sidecar moved beside it) was served as that
 // block. The record now names the block (namespace, rank, group, hash): misfiled = miss, removed,
 // counted, never served.
-TEST_P(FsTierTest, MisfiledBlocksAreMissesNeverServed) {
+TEST_P(FsBlockStoreTest, MisfiledBlocksAreMissesNeverServed) {
   Rows rows(8);
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   // A, B, and A's hash in group 1; later a rank-1 tier of the same namespace and another namespace.
   const FsBlockKey a = Key(40), b = Key(41), a_g1 = FsBlockKey{Key(40).hex, 1};
   for (uint64_t i = 0; i < 3; ++i) rows.Fill(i, 400 + i);
@@ -244,13 +277,13 @@ TEST_P(FsTierTest, MisfiledBlocksAreMissesNeverServed) {
   EXPECT_TRUE(rows.Matches(5, 401));
 
   // Another rank of the same namespace, and another namespace under the same root.
-  FsTierOptions r1 = Opts();
+  FsBlockStoreOptions r1 = Opts();
   r1.rank = 1;
-  auto tier1 = FsTier::Open(r1, rows.region());
+  auto tier1 = FsBlockStore::Open(r1, rows.region());
   ASSERT_TRUE(tier1.ok());
-  FsTierOptions other = Opts();
+  FsBlockStoreOptions other = Opts();
   other.fields.model_name = "other-model";
-  auto tier2 = FsTier::Open(other, rows.region());
+  auto tier2 = FsBlockStore::Open(other, rows.region());
   ASSERT_TRUE(tier2.ok());
   const std::string path1 = dir_.path() + "/" + FsBlockRelativePath(t.namespace_name(), 1, a);
   const std::string path2 =
@@ -306,12 +339,12 @@ TEST(FsRecordFormatTest, IdentityTestVectorAndVersions) {
 // Version-1 records (kvo before identities) are read as before: bytes verified, identity unknown,
 // like a vLLM-written block; with require_checksum they are a miss (removed, so the next store
 // writes a version-2 record).
-TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
+TEST_P(FsBlockStoreTest, VersionOneRecordsAreReadAsBefore) {
   Rows rows(2);
-  FsTierOptions o = Opts();
+  FsBlockStoreOptions o = Opts();
   std::string path;
   {
-    auto tier = FsTier::Open(o, rows.region());
+    auto tier = FsBlockStore::Open(o, rows.region());
     ASSERT_TRUE(tier.ok());
     path = BlockPath(**tier, dir_.path(), Key(6));
   }
@@ -330,7 +363,7 @@ TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
     ASSERT_EQ(::setxattr(path.c_str(), fs_internal::kXattrName, rec.data(), rec.size(), 0), 0);
   }
   {
-    auto tier = FsTier::Open(o, rows.region());
+    auto tier = FsBlockStore::Open(o, rows.region());
     ASSERT_TRUE(tier.ok());
     FsJobResult ld = RunJob(**tier, false, {Key(6)}, {1});
     EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kOk);
@@ -338,7 +371,7 @@ TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
     EXPECT_TRUE(rows.Matches(1, 66));
   }
   o.require_checksum = true;
-  auto tier = FsTier::Open(o, rows.region());
+  auto tier = FsBlockStore::Open(o, rows.region());
   ASSERT_TRUE(tier.ok());
   FsJobResult ld = RunJob(**tier, false, {Key(6)}, {1});
   EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
@@ -352,11 +385,11 @@ TEST_P(FsTierTest, VersionOneRecordsAreReadAsBefore) {
 // Issue 10 item 12: a FIFO under a block's name blocked a read thread in open() forever. Now a
 // corrupt miss. Bounded: if the load does not finish, the FIFO is opened for writing (which
 // releases the blocked reader) and the test fails.
-TEST_P(FsTierTest, FifoUnderABlockNameIsCorruptNotAHang) {
+TEST_P(FsBlockStoreTest, FifoUnderABlockNameIsCorruptNotAHang) {
   Rows rows(2);
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   const std::string path = BlockPath(t, dir_.path(), Key(9));
   stdfs::create_directories(stdfs::path(path).parent_path());
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
@@ -370,18 +403,18 @@ TEST_P(FsTierTest, FifoUnderABlockNameIsCorruptNotAHang) {
   }
   ASSERT_TRUE(done.get().ok());
   std::vector<FsJobResult> out;
-  t.GetFinished(&out);
+  t.TakeFinished(&out);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].blocks[0].outcome, FsBlockOutcome::kCorrupt);
   EXPECT_NE(out[0].blocks[0].status.message().find("not a regular file"), std::string::npos);
 }
 
-TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
+TEST_P(FsBlockStoreTest, FilesWithoutRecordAreServedUnlessRequired) {
   Rows rows(2);
-  FsTierOptions o = Opts();
+  FsBlockStoreOptions o = Opts();
   std::string path;
   {
-    auto tier = FsTier::Open(o, rows.region());
+    auto tier = FsBlockStore::Open(o, rows.region());
     ASSERT_TRUE(tier.ok());
     path = BlockPath(**tier, dir_.path(), Key(5));
   }
@@ -390,7 +423,7 @@ TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
   rows.Fill(0, 55);
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<char*>(rows.row(0)), kRow);
   {
-    auto tier = FsTier::Open(o, rows.region());
+    auto tier = FsBlockStore::Open(o, rows.region());
     ASSERT_TRUE(tier.ok());
     FsJobResult ld = RunJob(**tier, false, {Key(5)}, {1});
     EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kOk);
@@ -398,18 +431,18 @@ TEST_P(FsTierTest, FilesWithoutRecordAreServedUnlessRequired) {
     EXPECT_TRUE(rows.Matches(1, 55));
   }
   o.require_checksum = true;
-  auto tier = FsTier::Open(o, rows.region());
+  auto tier = FsBlockStore::Open(o, rows.region());
   ASSERT_TRUE(tier.ok());
   FsJobResult ld = RunJob(**tier, false, {Key(5)}, {1});
   EXPECT_EQ(ld.blocks[0].outcome, FsBlockOutcome::kCorrupt);
   EXPECT_FALSE(stdfs::exists(path));
 }
 
-TEST_P(FsTierTest, NoSymlinkIsFollowed) {
+TEST_P(FsBlockStoreTest, NoSymlinkIsFollowed) {
   Rows rows(4);
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   testing::TempDir outside;
   const std::string secret = outside.path() + "/secret";
   std::ofstream(secret) << "do not touch";
@@ -445,9 +478,9 @@ TEST_P(FsTierTest, NoSymlinkIsFollowed) {
   // root_dir itself a symlink: refused.
   const std::string link_root = outside.path() + "/root-link";
   stdfs::create_symlink(dir_.path(), link_root);
-  FsTierOptions o = Opts();
+  FsBlockStoreOptions o = Opts();
   o.root_dir = link_root;
-  EXPECT_EQ(FsTier::Open(o, rows.region()).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kFailedPrecondition);
 
   auto scan = t.Scan();
   ASSERT_TRUE(scan.ok());
@@ -457,11 +490,11 @@ TEST_P(FsTierTest, NoSymlinkIsFollowed) {
   EXPECT_TRUE(reported);
 }
 
-TEST_P(FsTierTest, RejectsBadJobs) {
+TEST_P(FsBlockStoreTest, RejectsBadJobs) {
   Rows rows(2);
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   auto bad = t.SubmitStore({FsBlockKey{"../../../etc/passwd", 0}}, {0});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("block hash"), std::string::npos);
@@ -475,16 +508,16 @@ TEST_P(FsTierTest, RejectsBadJobs) {
   EXPECT_FALSE(t.Exists(FsBlockKey{"../x", 0}));
   EXPECT_FALSE(t.Delete(FsBlockKey{"../x", 0}).ok());
   std::vector<FsJobResult> none;
-  t.GetFinished(&none);
+  t.TakeFinished(&none);
   EXPECT_TRUE(none.empty());
 }
 
-TEST_P(FsTierTest, ScanRebuildsContentsAndValidatesNames) {
+TEST_P(FsBlockStoreTest, ScanRebuildsContentsAndValidatesNames) {
   Rows rows(4);
   std::string rank_dir;
   std::set<FsBlockKey> stored;
   {
-    auto tier = FsTier::Open(Opts(), rows.region());
+    auto tier = FsBlockStore::Open(Opts(), rows.region());
     ASSERT_TRUE(tier.ok());
     std::vector<FsBlockKey> keys;
     std::vector<int64_t> slots;
@@ -508,7 +541,7 @@ TEST_P(FsTierTest, ScanRebuildsContentsAndValidatesNames) {
   stdfs::create_directories(rank_dir + "/abc/de_g4");
   std::ofstream(rank_dir + "/abc/de_g4/abcde00000000000.bin") << "short";
 
-  auto tier = FsTier::Open(Opts(), rows.region());
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
   auto scan = (*tier)->Scan();
   ASSERT_TRUE(scan.ok()) << scan.status().ToString();
@@ -528,29 +561,29 @@ TEST_P(FsTierTest, ScanRebuildsContentsAndValidatesNames) {
   EXPECT_TRUE((*tier)->Delete(k0).ok());  // absent is fine
 }
 
-INSTANTIATE_TEST_SUITE_P(Records, FsTierTest, ::testing::Values(false, true),
+INSTANTIATE_TEST_SUITE_P(Records, FsBlockStoreTest, ::testing::Values(false, true),
                          [](const auto& p) { return p.param ? "sidecar" : "xattr"; });
 
-TEST(FsTierOpenTest, BadRootDirIsAClearError) {
+TEST(FsBlockStoreOpenTest, BadRootDirIsAClearError) {
   Rows rows(1);
   testing::TempDir dir;
-  FsTierOptions o = Options(dir.path() + "/missing");
-  auto t = FsTier::Open(o, rows.region());
+  FsBlockStoreOptions o = Options(dir.path() + "/missing");
+  auto t = FsBlockStore::Open(o, rows.region());
   EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
   EXPECT_NE(t.status().message().find("does not exist"), std::string::npos);
   std::ofstream(dir.path() + "/file") << "x";
   o.root_dir = dir.path() + "/file";
-  EXPECT_EQ(FsTier::Open(o, rows.region()).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kFailedPrecondition);
   o.root_dir = "";
-  EXPECT_FALSE(FsTier::Open(o, rows.region()).ok());
+  EXPECT_FALSE(FsBlockStore::Open(o, rows.region()).ok());
   o.root_dir = dir.path();
   o.fields.model_name = "";
-  EXPECT_EQ(FsTier::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
   o.fields.model_name = "m";
   o.n_read_threads = 0;
-  EXPECT_FALSE(FsTier::Open(o, rows.region()).ok());
+  EXPECT_FALSE(FsBlockStore::Open(o, rows.region()).ok());
   o.n_read_threads = 1;
-  EXPECT_FALSE(FsTier::Open(o, HostRegion{}).ok());
+  EXPECT_FALSE(FsBlockStore::Open(o, HostRegion{}).ok());
 }
 
 // Mounting needs privileges; these tests skip cleanly without them.
@@ -569,22 +602,22 @@ class MountedDir {
   bool mounted_ = false;
 };
 
-TEST(FsTierOpenTest, ReadOnlyRootDirIsAClearError) {
+TEST(FsBlockStoreOpenTest, ReadOnlyRootDirIsAClearError) {
   testing::TempDir dir;
   MountedDir m(dir.path(), "size=1m", MS_RDONLY);
   if (!m.mounted()) GTEST_SKIP() << "cannot mount a read-only tmpfs here: " << std::strerror(errno);
   Rows rows(1);
-  auto t = FsTier::Open(Options(dir.path()), rows.region());
+  auto t = FsBlockStore::Open(Options(dir.path()), rows.region());
   EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(t.status().message().find("not writable"), std::string::npos) << t.status().ToString();
 }
 
-TEST(FsTierOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
+TEST(FsBlockStoreOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
   testing::TempDir dir;
   MountedDir m(dir.path(), "size=256k", 0);
   if (!m.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
   Rows rows(64);
-  auto tier = FsTier::Open(Options(dir.path()), rows.region());
+  auto tier = FsBlockStore::Open(Options(dir.path()), rows.region());
   ASSERT_TRUE(tier.ok()) << tier.status().ToString();
   std::vector<FsBlockKey> keys;
   std::vector<int64_t> slots;
@@ -627,14 +660,14 @@ TEST(FsTierOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
 // Property: whatever happens to a stored .bin or its record (truncation, growth, bit flips,
 // random or foreign records, a removed record), a load either serves exactly the bytes that were
 // stored or reports a miss/corruption. Seeded (KVO_TEST_SEED).
-TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
+TEST(FsBlockStorePropertyTest, MutatedFilesAreNeverServedWrong) {
   const unsigned seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   testing::TempDir dir;
   Rows rows(2);
-  auto tier = FsTier::Open(Options(dir.path()), rows.region());
+  auto tier = FsBlockStore::Open(Options(dir.path()), rows.region());
   ASSERT_TRUE(tier.ok());
-  FsTier& t = **tier;
+  FsBlockStore& t = **tier;
   ASSERT_TRUE(t.xattr_records());
   const FsBlockKey key = Key(77);
   const std::string path = BlockPath(t, dir.path(), key);
@@ -676,7 +709,7 @@ TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
         ASSERT_TRUE(id.ok());
         ASSERT_TRUE(t.Wait(*id).ok());
         std::vector<FsJobResult> ignore;
-        t.GetFinished(&ignore);
+        t.TakeFinished(&ignore);
         const std::string p2 = BlockPath(t, dir.path(), Key(1000 + static_cast<uint64_t>(iter)));
         ASSERT_EQ(::getxattr(p2.c_str(), "user.kvo.xxh3", other, sizeof(other)),
                   static_cast<ssize_t>(sizeof(other)));
@@ -705,7 +738,7 @@ TEST(FsTierPropertyTest, MutatedFilesAreNeverServedWrong) {
 
 // kill -9 while a child process stores continuously: a restarted tier never serves a torn block,
 // and every block the child reported complete is there.
-TEST(FsTierCrashTest, KillDuringWriteNeverServesTornBlocks) {
+TEST(FsBlockStoreCrashTest, KillDuringWriteNeverServesTornBlocks) {
   const unsigned seed = testing::TestSeed();
   std::mt19937_64 rng(seed);
   testing::TempDir dir;
@@ -719,7 +752,7 @@ TEST(FsTierCrashTest, KillDuringWriteNeverServesTornBlocks) {
   if (pid == 0) {
     ::close(fds[0]);
     Rows rows(16, row);
-    auto tier = FsTier::Open(Options(dir.path()), rows.region());
+    auto tier = FsBlockStore::Open(Options(dir.path()), rows.region());
     if (!tier.ok()) ::_exit(2);
     for (uint32_t i = 0;; i += 4) {
       std::vector<FsBlockKey> keys;
@@ -732,7 +765,7 @@ TEST(FsTierCrashTest, KillDuringWriteNeverServesTornBlocks) {
       auto id = (*tier)->SubmitStore(keys, slots);
       if (!id.ok() || !(*tier)->Wait(*id).ok()) ::_exit(3);
       std::vector<FsJobResult> done;
-      (*tier)->GetFinished(&done);
+      (*tier)->TakeFinished(&done);
       for (uint32_t j = 0; j < 4; ++j) {
         if (done[0].blocks[j].outcome != FsBlockOutcome::kOk) ::_exit(4);
         uint32_t n = i + j;
@@ -756,7 +789,7 @@ TEST(FsTierCrashTest, KillDuringWriteNeverServesTornBlocks) {
   ::close(fds[0]);
 
   Rows rows(1, row);
-  auto tier = FsTier::Open(Options(dir.path()), rows.region());
+  auto tier = FsBlockStore::Open(Options(dir.path()), rows.region());
   ASSERT_TRUE(tier.ok());
   auto scan = (*tier)->Scan();
   ASSERT_TRUE(scan.ok());

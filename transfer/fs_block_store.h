@@ -1,7 +1,10 @@
-// FsTier: the file-system tier's I/O (vllm-compat.md B.11): CPU rows <-> one file per block at
-// vLLM's paths (transfer/fs_namespace.h), on two thread pools (n_read_threads prefer loads,
-// n_write_threads prefer stores, each falls back to the other queue). Jobs are asynchronous:
-// Submit* return at once; GetFinished hands back per-block results.
+// FsBlockStore: the file-system tier's block store (vllm-compat.md B.11): CPU rows <-> one file per
+// block at vLLM's paths (transfer/fs_namespace.h), on two thread pools (n_read_threads prefer
+// loads, n_write_threads prefer stores, each falls back to the other queue). Jobs follow the job
+// contract (transfer/job.h): SubmitStore/SubmitLoad return at once; TakeFinished hands back
+// results with per-block detail, in COMPLETION order (not submission order: a job's blocks run on
+// many threads and a later small job may finish first); Drain waits for all. The manager's
+// secondary tier reaches it through manager/fs_transport.h.
 //
 // Beyond vLLM: every block carries an XXH3 integrity record outside the .bin (transfer/fs_file.h)
 // that also names the block (namespace, rank, group, hash); a load verifies it, and a torn,
@@ -14,7 +17,7 @@
 // files 0600 and directories 0700 by default.
 //
 // Thread-safety: all methods are thread-safe. The host region must outlive the tier; a job's
-// rows must not be touched by the caller until the job is returned by GetFinished.
+// rows must not be touched by the caller until the job is returned by TakeFinished.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +28,12 @@
 #include "common/result.h"
 #include "common/status.h"
 #include "transfer/fs_namespace.h"
+#include "transfer/job.h"
 #include "transfer/kv_layout.h"
 
 namespace kvo {
 
-struct FsTierOptions {
+struct FsBlockStoreOptions {
   std::string root_dir;
   FsRunFields fields;
   uint32_t rank = 0;  // the tier runs in the scheduler: _r0 (B.11)
@@ -51,19 +55,18 @@ enum class FsBlockOutcome : uint8_t {
 };
 std::string_view FsBlockOutcomeName(FsBlockOutcome o);
 
-struct FsBlockResult {
+// The contract's per-block result (status: for kCorrupt / kError what went wrong; bytes: the row
+// for kOk, else 0; seconds: the block's I/O) plus the file store's outcome.
+struct FsBlockResult : BlockResult {
   FsBlockOutcome outcome = FsBlockOutcome::kError;
-  Status status;          // for kCorrupt / kError: what went wrong
   bool verified = false;  // load: the integrity record matched
   bool misfiled = false;  // load, kCorrupt: the file's record names another block
 };
 
-struct FsJobResult {
-  uint64_t job_id = 0;
+// The contract's job result (success: every block kOk or kSkipped; bytes: moved by kOk blocks;
+// seconds: submit to last block done; status stays ok, the blocks say why) plus per-block detail.
+struct FsJobResult : JobResultFields {
   bool is_store = false;
-  bool success = false;               // every block kOk or kSkipped
-  uint64_t bytes = 0;                 // bytes moved (blocks kOk)
-  double seconds = 0;                 // submit to last block done
   std::vector<FsBlockResult> blocks;  // co-indexed with the job's keys
 };
 
@@ -74,25 +77,25 @@ struct FsScanResult {
   uint64_t wrong_size_removed = 0;
 };
 
-class FsTier {
+class FsBlockStore {
  public:
   // Validates the options, opens root_dir (NotFound when missing; FailedPrecondition when it is
   // not a writable directory), writes <namespace>/config.json when absent, probes O_DIRECT and
   // xattrs, starts the threads. `region` holds the rows (row_stride bytes each = file size).
-  static Result<std::unique_ptr<FsTier>> Open(FsTierOptions options, HostRegion region);
-  ~FsTier();  // waits for every job
-  FsTier(const FsTier&) = delete;
-  FsTier& operator=(const FsTier&) = delete;
+  static Result<std::unique_ptr<FsBlockStore>> Open(FsBlockStoreOptions options, HostRegion region);
+  ~FsBlockStore();  // waits for every job
+  FsBlockStore(const FsBlockStore&) = delete;
+  FsBlockStore& operator=(const FsBlockStore&) = delete;
 
   // keys[i] <-> slots[i]. InvalidArgument (no job) on a size mismatch, an empty job, a slot out
   // of range or an invalid hash.
-  Result<uint64_t> SubmitStore(std::vector<FsBlockKey> keys, std::vector<int64_t> slots);
-  Result<uint64_t> SubmitLoad(std::vector<FsBlockKey> keys, std::vector<int64_t> slots);
+  Result<JobId> SubmitStore(std::vector<FsBlockKey> keys, std::vector<int64_t> slots);
+  Result<JobId> SubmitLoad(std::vector<FsBlockKey> keys, std::vector<int64_t> slots);
   // Appends finished jobs in completion order; each once.
-  void GetFinished(std::vector<FsJobResult>* out);
+  void TakeFinished(std::vector<FsJobResult>* out);
   // Blocks until `job_id` finished (result stays queued). NotFound if unknown or already taken.
-  Status Wait(uint64_t job_id);
-  void WaitAll();
+  Status Wait(JobId job_id);
+  void Drain();
 
   // One fstatat (caller's thread): whether the block's .bin exists as a regular file.
   bool Exists(const FsBlockKey& key);
@@ -117,7 +120,7 @@ class FsTier {
 
  private:
   struct Impl;
-  FsTier() = default;
+  FsBlockStore() = default;
   std::unique_ptr<Impl> impl_;
   std::string ns_name_;
   HostRegion region_;
