@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -198,6 +199,13 @@ inline std::vector<int64_t> DecodeTokens(const std::string& b, int width) {
   return v;
 }
 
+// What ApplyBatch's admission step decides (ingest.cc).
+enum class Admission {
+  kApply,     // go on: convert, register, apply
+  kReplayed,  // seq <= the stream's last sequence: skipped (replay overlap)
+  kClearing,  // the stream is being cleared: wait for the clear, then try again
+};
+
 struct StreamState {
   uint64_t last_seq = 0;
   double last_ts = 0;
@@ -269,6 +277,45 @@ struct Indexer::Impl {
   }
 
   Status OpenDb();
+  // ApplyBatch's steps (ingest.cc; which lock each holds: indexer/DESIGN.md "ApplyBatch, step
+  // by step").
+  Status CheckBatchArgs(std::string_view source, int64_t dp_rank, uint64_t seq) const;
+  // Steps 2-7; takes the locks itself.
+  Result<indexer_internal::Admission> RunIngestSteps(std::string_view source, int64_t dp_rank,
+                                                     uint64_t seq, const EventBatch& batch,
+                                                     ApplyOutcome* out, bool* must_flush)
+      LOCKS_EXCLUDED(ingest_mu, state_mu);
+  Result<indexer_internal::Admission> AdmitBatch(std::string_view source, int64_t dp_rank,
+                                                 uint64_t seq, std::optional<uint32_t>* known_sid)
+      EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
+  // What a batch would add to the index's media and groups (checked before anything changes).
+  struct BatchNeeds {
+    std::set<std::string> new_media;
+    std::set<int64_t> new_groups;
+  };
+  Result<std::vector<indexer_internal::LogRow>> ConvertBatch(std::string_view source,
+                                                             int64_t dp_rank, uint64_t seq,
+                                                             const EventBatch& batch, double now)
+      EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
+  Status CheckRowFits(const indexer_internal::LogRow& r, std::string_view source, uint64_t seq,
+                      BatchNeeds* needs) const EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  // Cannot fail once ConvertBatch accepted the rows (an Internal error otherwise); the source id.
+  Result<uint32_t> RegisterBatch(std::string_view source, std::optional<uint32_t> known_sid,
+                                 int64_t dp_rank, std::vector<indexer_internal::LogRow>* rows)
+      EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
+  // A store's content keys: by tokens chained from its parent's key, or (placeholders) the
+  // node's; a block left unkeyed takes its node's key. Counts what could not be keyed.
+  void KeyByContent(indexer_internal::LogRow* r) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  void KeyPlaceholders(indexer_internal::LogRow* r) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  void KeyByTokens(indexer_internal::LogRow* r) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  // The content key of the node with that engine hash; 0 for none.
+  uint64_t NodeKeyOf(uint64_t engine_hash) const
+      KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
+  void AdvanceStream(uint32_t sid, int64_t dp_rank, uint64_t seq, double ts, ApplyOutcome* out)
+      EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  // Appends the rows to pending; true when the caller must flush itself (back-pressure, or no
+  // background thread and a flush is due).
+  bool QueueRows(std::vector<indexer_internal::LogRow>* rows) EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
   Status Load() EXCLUSIVE_LOCKS_REQUIRED(db_mu);
   Status Prepare();
   // Applies one row to memory and counts; the row's content keys are final.
