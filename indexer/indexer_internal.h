@@ -1,6 +1,7 @@
-// Internal to indexer/: the state behind Indexer (Indexer::Impl) and the helpers its three
-// source files share: indexer.cc (the SQLite store: schema, open/migrate, load, commit,
-// compaction), ingest.cc (ApplyBatch and the clears) and query.cc (scores, explain, stats, dump).
+// Internal to indexer/: the state behind Indexer (Indexer::Impl) and the helpers its source
+// files share: indexer.cc (the SQLite store: schema, open/migrate, load, registrations),
+// commit.cc (flush, compaction), ingest.cc (ApplyBatch and the clears) and query.cc (scores,
+// explain, stats, dump).
 // See indexer/DESIGN.md for the state, the locking rule and the invariants.
 #pragma once
 
@@ -197,6 +198,29 @@ inline std::vector<int64_t> DecodeTokens(const std::string& b, int width) {
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int64_t>(GetU64(p + 8 * i));
   }
   return v;
+}
+
+// One event_log row, as `sel_log` and Load's query select it (id first).
+inline LogRow ReadLogRow(Stmt& st, int64_t* id) {
+  LogRow r;
+  *id = st.ColInt(0);
+  r.source_id = static_cast<uint32_t>(st.ColInt(1));
+  r.dp_rank = st.ColInt(2);
+  r.seq = static_cast<uint64_t>(st.ColInt(3));
+  r.ts = st.ColReal(4);
+  r.seen_at = st.ColReal(5);
+  r.kind = st.ColInt(6);
+  r.medium = st.ColText(7);
+  r.group = st.ColInt(8);
+  r.block_size = st.ColInt(9);
+  if (!st.ColNull(10)) r.lora_name = st.ColText(10);
+  if (!st.ColNull(11)) r.parent = static_cast<uint64_t>(st.ColInt(11));
+  r.hashes = DecodeU64s(st.ColBlob(12));
+  r.content_keys = DecodeU64s(st.ColBlob(13));
+  r.token_ids = DecodeTokens(st.ColBlob(15), static_cast<int>(st.ColInt(14)));
+  r.ownership = st.ColText(16);
+  if (r.kind == kStore) r.content_keys.resize(r.hashes.size(), 0);
+  return r;
 }
 
 // What ApplyBatch's admission step decides (ingest.cc).
