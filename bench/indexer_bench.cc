@@ -22,8 +22,8 @@
 #include "bench/bench.h"
 #include "common/file_system.h"
 #include "indexer/indexer.h"
-#include "indexer/router_api.h"
-#include "indexer/service.h"
+#include "indexer/service/router_api.h"
+#include "indexer/service/service.h"
 
 namespace kvo::bench {
 namespace {

@@ -19,7 +19,7 @@
 #include "bench/bench.h"
 #include "events/event.h"
 #include "http/http_server.h"
-#include "indexer/service.h"
+#include "indexer/service/service.h"
 #include "route/engine_client.h"
 #include "route/route.h"
 

@@ -291,10 +291,10 @@ class Indexer {
   Result<ScoreResult> Score(const ScoreQuery& query) const;
   Result<ExplainResult> Explain(const ScoreQuery& query) const;
 
-  // The router API's tiered match (indexer/router_api.h): for every stream of `query.sources`
-  // (every stream when empty; weights ignored), the GPU prefix, then the boundary reached through
-  // blocks on GPU or CPU, then on GPU, CPU or STORAGE/DISK, in blocks. Streams not seen (or
-  // cleared) are left out. Same cost class as Score (word-parallel walk, no holder lists).
+  // The router API's tiered match (indexer/service/router_api.h): for every stream of
+  // `query.sources` (every stream when empty; weights ignored), the GPU prefix, then the boundary
+  // reached through blocks on GPU or CPU, then on GPU, CPU or STORAGE/DISK, in blocks. Streams not
+  // seen (or cleared) are left out. Same cost class as Score (word-parallel walk, no holder lists).
   struct TieredMatch {
     std::string source;
     int64_t dp_rank = 0;

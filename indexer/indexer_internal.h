@@ -1,6 +1,7 @@
-// Internal to indexer/: the state behind Indexer (Indexer::Impl) and the helpers its three
-// source files share: indexer.cc (the SQLite store: schema, open/migrate, load, commit,
-// compaction), ingest.cc (ApplyBatch and the clears) and query.cc (scores, explain, stats, dump).
+// Internal to indexer/: the state behind Indexer (Indexer::Impl) and the helpers its source
+// files share: indexer.cc (the SQLite store: schema, open/migrate, load, registrations),
+// commit.cc (flush, compaction), ingest.cc (ApplyBatch and the clears) and query.cc (scores,
+// explain, stats, dump).
 // See indexer/DESIGN.md for the state, the locking rule and the invariants.
 #pragma once
 
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -198,6 +200,36 @@ inline std::vector<int64_t> DecodeTokens(const std::string& b, int width) {
   return v;
 }
 
+// One event_log row, as `sel_log` and Load's query select it (id first).
+inline LogRow ReadLogRow(Stmt& st, int64_t* id) {
+  LogRow r;
+  *id = st.ColInt(0);
+  r.source_id = static_cast<uint32_t>(st.ColInt(1));
+  r.dp_rank = st.ColInt(2);
+  r.seq = static_cast<uint64_t>(st.ColInt(3));
+  r.ts = st.ColReal(4);
+  r.seen_at = st.ColReal(5);
+  r.kind = st.ColInt(6);
+  r.medium = st.ColText(7);
+  r.group = st.ColInt(8);
+  r.block_size = st.ColInt(9);
+  if (!st.ColNull(10)) r.lora_name = st.ColText(10);
+  if (!st.ColNull(11)) r.parent = static_cast<uint64_t>(st.ColInt(11));
+  r.hashes = DecodeU64s(st.ColBlob(12));
+  r.content_keys = DecodeU64s(st.ColBlob(13));
+  r.token_ids = DecodeTokens(st.ColBlob(15), static_cast<int>(st.ColInt(14)));
+  r.ownership = st.ColText(16);
+  if (r.kind == kStore) r.content_keys.resize(r.hashes.size(), 0);
+  return r;
+}
+
+// What ApplyBatch's admission step decides (ingest.cc).
+enum class Admission {
+  kApply,     // go on: convert, register, apply
+  kReplayed,  // seq <= the stream's last sequence: skipped (replay overlap)
+  kClearing,  // the stream is being cleared: wait for the clear, then try again
+};
+
 struct StreamState {
   uint64_t last_seq = 0;
   double last_ts = 0;
@@ -269,6 +301,45 @@ struct Indexer::Impl {
   }
 
   Status OpenDb();
+  // ApplyBatch's steps (ingest.cc; which lock each holds: indexer/DESIGN.md "ApplyBatch, step
+  // by step").
+  Status CheckBatchArgs(std::string_view source, int64_t dp_rank, uint64_t seq) const;
+  // Steps 2-7; takes the locks itself.
+  Result<indexer_internal::Admission> RunIngestSteps(std::string_view source, int64_t dp_rank,
+                                                     uint64_t seq, const EventBatch& batch,
+                                                     ApplyOutcome* out, bool* must_flush)
+      LOCKS_EXCLUDED(ingest_mu, state_mu);
+  Result<indexer_internal::Admission> AdmitBatch(std::string_view source, int64_t dp_rank,
+                                                 uint64_t seq, std::optional<uint32_t>* known_sid)
+      EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
+  // What a batch would add to the index's media and groups (checked before anything changes).
+  struct BatchNeeds {
+    std::set<std::string> new_media;
+    std::set<int64_t> new_groups;
+  };
+  Result<std::vector<indexer_internal::LogRow>> ConvertBatch(std::string_view source,
+                                                             int64_t dp_rank, uint64_t seq,
+                                                             const EventBatch& batch, double now)
+      EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
+  Status CheckRowFits(const indexer_internal::LogRow& r, std::string_view source, uint64_t seq,
+                      BatchNeeds* needs) const EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  // Cannot fail once ConvertBatch accepted the rows (an Internal error otherwise); the source id.
+  Result<uint32_t> RegisterBatch(std::string_view source, std::optional<uint32_t> known_sid,
+                                 int64_t dp_rank, std::vector<indexer_internal::LogRow>* rows)
+      EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
+  // A store's content keys: by tokens chained from its parent's key, or (placeholders) the
+  // node's; a block left unkeyed takes its node's key. Counts what could not be keyed.
+  void KeyByContent(indexer_internal::LogRow* r) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  void KeyPlaceholders(indexer_internal::LogRow* r) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  void KeyByTokens(indexer_internal::LogRow* r) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  // The content key of the node with that engine hash; 0 for none.
+  uint64_t NodeKeyOf(uint64_t engine_hash) const
+      KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
+  void AdvanceStream(uint32_t sid, int64_t dp_rank, uint64_t seq, double ts, ApplyOutcome* out)
+      EXCLUSIVE_LOCKS_REQUIRED(state_mu);
+  // Appends the rows to pending; true when the caller must flush itself (back-pressure, or no
+  // background thread and a flush is due).
+  bool QueueRows(std::vector<indexer_internal::LogRow>* rows) EXCLUSIVE_LOCKS_REQUIRED(ingest_mu);
   Status Load() EXCLUSIVE_LOCKS_REQUIRED(db_mu);
   Status Prepare();
   // Applies one row to memory and counts; the row's content keys are final.

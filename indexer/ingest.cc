@@ -14,6 +14,7 @@
 
 namespace kvo {
 
+using indexer_internal::Admission;
 using indexer_internal::Exec;
 using indexer_internal::kClearAll;
 using indexer_internal::kNoNode;
@@ -28,7 +29,7 @@ using indexer_internal::Stmt;
 using indexer_internal::StreamState;
 
 // ---------------------------------------------------------------------------------------------
-// Applying events.
+// Applying events to memory.
 
 void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
   const uint32_t inst = mem.InstanceId(row.source_id, row.dp_rank);
@@ -78,10 +79,64 @@ void Indexer::Impl::EvictIfNeeded() {
   counters.dropped_by_budget += mem.EvictTo(budget / 10 * 9);
 }
 
+// ---------------------------------------------------------------------------------------------
+// ApplyBatch, step by step. Which lock each step holds is stated once, in indexer/DESIGN.md
+// ("ApplyBatch, step by step"); the annotations in indexer_internal.h repeat it for the compiler.
+//   1. CheckBatchArgs        the arguments (read-only index, source, rank, sequence)
+//   2. AdmitBatch            a stream being cleared waits, a replayed sequence is skipped, the
+//                            stream capacity is checked
+//   3. ConvertBatch          events -> log rows, each checked against the index's limits;
+//                            nothing is registered yet, so a refused batch changes nothing
+//   4. RegisterBatch         the source, stream, media and groups the batch names
+//   5. KeyByContent+ApplyRow per row in order: its content keys, then memory
+//   6. AdvanceStream         the stream's in-memory checkpoint, then the byte budget
+//   7. QueueRows             the rows join `pending`; the flush decision
+//   8. FlushLocked           only when QueueRows says the caller commits (back-pressure)
+
 Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_rank, uint64_t seq,
                                          const EventBatch& batch) {
   Impl& d = *impl_;
-  if (d.opt.read_only) return Status::FailedPrecondition("index '" + d.path + "' is read-only");
+  KVO_RETURN_IF_ERROR(d.CheckBatchArgs(source, dp_rank, seq));
+  ApplyOutcome out;
+  bool must_flush = false;
+  for (;;) {
+    KVO_ASSIGN_OR_RETURN(const Admission admission,
+                         d.RunIngestSteps(source, dp_rank, seq, batch, &out, &must_flush));
+    if (admission != Admission::kClearing) break;
+    d.WaitUntilNotClearing(source, dp_rank);  // then try again: the batch follows the clear
+  }
+  if (must_flush) {
+    MutexLock db(&d.db_mu);
+    KVO_RETURN_IF_ERROR(d.FlushLocked());
+  }
+  return out;
+}
+
+Result<Admission> Indexer::Impl::RunIngestSteps(std::string_view source, int64_t dp_rank,
+                                                uint64_t seq, const EventBatch& batch,
+                                                ApplyOutcome* out, bool* must_flush) {
+  MutexLock ingest(&ingest_mu);
+  const double now = clock->NowSeconds();
+  std::vector<LogRow> rows;
+  {
+    WriterLock l(&state_mu);
+    std::optional<uint32_t> known_sid;
+    KVO_ASSIGN_OR_RETURN(const Admission admission, AdmitBatch(source, dp_rank, seq, &known_sid));
+    if (admission != Admission::kApply) return admission;
+    KVO_ASSIGN_OR_RETURN(rows, ConvertBatch(source, dp_rank, seq, batch, now));
+    KVO_ASSIGN_OR_RETURN(const uint32_t sid, RegisterBatch(source, known_sid, dp_rank, &rows));
+    for (LogRow& r : rows) {
+      KeyByContent(&r);  // reads the nodes the rows before it stored
+      ApplyRow(r, out);
+    }
+    AdvanceStream(sid, dp_rank, seq, batch.ts, out);
+  }
+  *must_flush = QueueRows(&rows);
+  return Admission::kApply;
+}
+
+Status Indexer::Impl::CheckBatchArgs(std::string_view source, int64_t dp_rank, uint64_t seq) const {
+  if (opt.read_only) return Status::FailedPrecondition("index '" + path + "' is read-only");
   if (source.empty()) return Status::InvalidArgument("ApplyBatch: source name is empty");
   if (dp_rank < 0) {
     return Status::InvalidArgument("ApplyBatch: dp_rank " + std::to_string(dp_rank) +
@@ -91,191 +146,201 @@ Result<ApplyOutcome> Indexer::ApplyBatch(std::string_view source, int64_t dp_ran
     return Status::InvalidArgument("ApplyBatch: sequence " + std::to_string(seq) + " of source '" +
                                    std::string(source) + "' is out of range");
   }
-  ApplyOutcome out;
-  bool must_flush = false;
-  bool busy = false;  // the stream is being cleared: wait for the clear, then apply
-  auto attempt = [&]() -> Status {
-    MutexLock ingest(&d.ingest_mu);
-    const double now = d.clock->NowSeconds();
-    std::vector<LogRow> rows;
-    {
-      WriterLock l(&d.state_mu);
-      // Validate the whole batch before any state changes: a refused batch registers no source,
-      // stream, medium or group (issue 10 item 11).
-      const auto src_it = d.source_ids.find(source);
-      const bool known_source = src_it != d.source_ids.end();
-      uint32_t sid = known_source ? src_it->second : 0;
-      if (known_source) {
-        auto sit = d.streams.find({sid, dp_rank});
-        if (d.ClearingCovers(sid, dp_rank)) {
-          busy = true;
-          return Status::Ok();
-        }
-        if (sit != d.streams.end() && seq <= sit->second.last_seq) {
-          ++d.counters.batches_duplicate;
-          return Status::Ok();
-        }
-      }
-      if ((!known_source || d.mem.FindInstance(sid, dp_rank) == UINT32_MAX) &&
-          d.mem.instance_count() >= indexer_internal::kMaxInstances) {
-        return Status::OutOfRange("too many (source, dp_rank) streams in index '" + d.path + "'");
-      }
-      std::set<std::string> new_media;
-      std::set<int64_t> new_groups;
-      // Convert every event first (validating), then apply them in order.
-      rows.reserve(batch.events.size());
-      for (const KvEvent& ev : batch.events) {
-        LogRow r;
-        r.source_id = sid;
-        r.dp_rank = dp_rank;
-        r.seq = seq;
-        r.ts = batch.ts;
-        r.seen_at = now;
-        if (const auto* st = std::get_if<BlockStored>(&ev)) {
-          r.kind = kStore;
-          r.medium = st->medium.value_or(kMediumGpu);
-          r.ownership = st->ownership.value_or("");
-          r.group = st->group_idx.value_or(0);
-          r.block_size = st->block_size;
-          r.lora_name = st->lora_name;
-          if (st->parent_block_hash) r.parent = st->parent_block_hash->Low64();
-          r.hashes.reserve(st->block_hashes.size());
-          for (const BlockHash& h : st->block_hashes) r.hashes.push_back(h.Low64());
-          r.token_ids = st->token_ids;
-        } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
-          r.kind = kRemove;
-          r.medium = rm->medium.value_or(kMediumGpu);
-          r.ownership = rm->ownership.value_or("");
-          r.group = rm->group_idx.value_or(0);
-          r.hashes.reserve(rm->block_hashes.size());
-          for (const BlockHash& h : rm->block_hashes) r.hashes.push_back(h.Low64());
-        } else {
-          r.kind = kClearAll;
-          r.medium = kMediumGpu;
-        }
-        const std::string key = ResidencyKey(r.medium, r.ownership);
-        if (key.size() > indexer_internal::kMaxMediumNameBytes) {
-          return Status::InvalidArgument("source '" + std::string(source) + "': a medium name" +
-                                         (r.ownership.empty() ? "" : " and ownership") + " of " +
-                                         std::to_string(key.size()) + " bytes (at most " +
-                                         std::to_string(indexer_internal::kMaxMediumNameBytes) +
-                                         "); batch refused");
-        }
-        if (r.medium.find(kOwnerSep) != std::string::npos ||
-            r.ownership.find(kOwnerSep) != std::string::npos) {
-          return Status::InvalidArgument("source '" + std::string(source) +
-                                         "': a medium or ownership name holds a control "
-                                         "character (0x1f); batch refused");
-        }
-        if (d.mem.FindMedium(key) == UINT32_MAX) new_media.insert(key);
-        if (d.mem.FindGroup(r.group) == UINT32_MAX) new_groups.insert(r.group);
-        if (d.mem.medium_count() + new_media.size() > indexer_internal::kMaxMedia ||
-            d.mem.group_count() + new_groups.size() > indexer_internal::kMaxGroups) {
-          return Status::OutOfRange("source '" + std::string(source) + "': batch " +
-                                    std::to_string(seq) + " would exceed the index's " +
-                                    std::to_string(indexer_internal::kMaxMedia) + " media or " +
-                                    std::to_string(indexer_internal::kMaxGroups) +
-                                    " KV-cache groups (medium '" + r.medium + "', group " +
-                                    std::to_string(r.group) + "); batch refused, nothing applied");
-        }
-        rows.push_back(std::move(r));
-      }
-      // Valid: register what the batch names (cannot fail now).
-      if (!known_source) {
-        sid = d.SourceId(source, true);
-        d.new_sources.emplace_back(sid, std::string(source));
-      }
-      if (d.mem.InstanceId(sid, dp_rank) == UINT32_MAX) {
-        return Status::Internal("instance registry refused a validated stream");
-      }
-      for (LogRow& r : rows) {
-        r.source_id = sid;
-        if (d.mem.MediumId(ResidencyKey(r.medium, r.ownership)) == UINT32_MAX ||
-            d.mem.GroupId(r.group) == UINT32_MAX) {
-          return Status::Internal("medium/group registry refused a validated batch");
-        }
-      }
-      for (LogRow& r : rows) {
-        if (r.kind == kStore) {
-          const size_t n = r.hashes.size();
-          r.content_keys.assign(n, 0);
-          if (r.token_ids.empty()) {
-            for (size_t i = 0; i < n; ++i) {
-              const uint32_t node = d.mem.NodeByEngine(r.hashes[i]);
-              r.content_keys[i] = node == kNoNode ? 0 : d.mem.NodeContentKey(node);
-              if (r.content_keys[i] != 0) {
-                ++d.counters.placeholders_resolved;
-              } else {
-                ++d.counters.placeholders_unresolved;
-              }
-            }
-          } else if (r.block_size > 0 &&
-                     r.token_ids.size() == n * static_cast<size_t>(r.block_size)) {
-            uint64_t parent_key = 0;
-            if (!r.parent) {
-              parent_key = ContentKeyRoot(r.lora_name.value_or(""));
-            } else {
-              const uint32_t node = d.mem.NodeByEngine(*r.parent);
-              parent_key = node == kNoNode ? 0 : d.mem.NodeContentKey(node);
-            }
-            if (parent_key == 0) {
-              ++d.counters.unresolved_parents;
-            } else {
-              const size_t bs = static_cast<size_t>(r.block_size);
-              for (size_t i = 0; i < n; ++i) {
-                parent_key = ContentKey(parent_key,
-                                        std::span<const int64_t>(r.token_ids).subspan(i * bs, bs));
-                r.content_keys[i] = parent_key;
-              }
-            }
-          } else {
-            ++d.counters.content_mismatches;
-          }
-          // A block whose own content could not be keyed (unresolved parent, token mismatch)
-          // still gets the key its node already has, so the log (and a rebuild from it) holds
-          // what memory holds.
-          for (size_t i = 0; i < n; ++i) {
-            if (r.content_keys[i] != 0) continue;
-            const uint32_t node = d.mem.NodeByEngine(r.hashes[i]);
-            if (node != kNoNode) r.content_keys[i] = d.mem.NodeContentKey(node);
-          }
-        }
-        d.ApplyRow(r, &out);
-      }
-      StreamState& s = d.streams[{sid, dp_rank}];
-      s.last_seq = seq;
-      s.last_ts = batch.ts;
-      s.dirty = true;
-      ++d.counters.batches_applied;
-      out.applied = true;
-      d.tick.fetch_add(1, std::memory_order_relaxed);
-      d.EvictIfNeeded();
+  return Status::Ok();
+}
+
+Result<Admission> Indexer::Impl::AdmitBatch(std::string_view source, int64_t dp_rank, uint64_t seq,
+                                            std::optional<uint32_t>* known_sid) {
+  const auto src_it = source_ids.find(source);
+  if (src_it != source_ids.end()) {
+    const uint32_t sid = src_it->second;
+    *known_sid = sid;
+    if (ClearingCovers(sid, dp_rank)) return Admission::kClearing;
+    const auto sit = streams.find({sid, dp_rank});
+    if (sit != streams.end() && seq <= sit->second.last_seq) {
+      ++counters.batches_duplicate;
+      return Admission::kReplayed;
     }
-    if (d.pending.empty()) d.pending_since_ns = d.clock->MonotonicNanos();
-    for (LogRow& r : rows) d.pending.push_back(std::move(r));
-    const bool due =
-        d.pending.size() >= d.opt.flush_max_events ||
-        d.clock->MonotonicNanos() - d.pending_since_ns >= d.opt.flush_interval_ms * 1'000'000;
-    if (d.bg.joinable()) {
-      // The background thread commits; the caller commits itself only as back-pressure.
-      if (due) d.bg_cv.Signal();
-      must_flush = d.pending.size() >= 4 * d.opt.flush_max_events;
+  }
+  if ((!*known_sid || mem.FindInstance(**known_sid, dp_rank) == UINT32_MAX) &&
+      mem.instance_count() >= indexer_internal::kMaxInstances) {
+    return Status::OutOfRange("too many (source, dp_rank) streams in index '" + path + "'");
+  }
+  return Admission::kApply;
+}
+
+namespace {
+
+// One event as its log row; the source id is set when the batch is registered.
+LogRow ToLogRow(const KvEvent& ev, int64_t dp_rank, uint64_t seq, double ts, double now) {
+  LogRow r;
+  r.dp_rank = dp_rank;
+  r.seq = seq;
+  r.ts = ts;
+  r.seen_at = now;
+  if (const auto* st = std::get_if<BlockStored>(&ev)) {
+    r.kind = kStore;
+    r.medium = st->medium.value_or(kMediumGpu);
+    r.ownership = st->ownership.value_or("");
+    r.group = st->group_idx.value_or(0);
+    r.block_size = st->block_size;
+    r.lora_name = st->lora_name;
+    if (st->parent_block_hash) r.parent = st->parent_block_hash->Low64();
+    r.hashes.reserve(st->block_hashes.size());
+    for (const BlockHash& h : st->block_hashes) r.hashes.push_back(h.Low64());
+    r.token_ids = st->token_ids;
+  } else if (const auto* rm = std::get_if<BlockRemoved>(&ev)) {
+    r.kind = kRemove;
+    r.medium = rm->medium.value_or(kMediumGpu);
+    r.ownership = rm->ownership.value_or("");
+    r.group = rm->group_idx.value_or(0);
+    r.hashes.reserve(rm->block_hashes.size());
+    for (const BlockHash& h : rm->block_hashes) r.hashes.push_back(h.Low64());
+  } else {
+    r.kind = kClearAll;
+    r.medium = kMediumGpu;
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<std::vector<LogRow>> Indexer::Impl::ConvertBatch(std::string_view source, int64_t dp_rank,
+                                                        uint64_t seq, const EventBatch& batch,
+                                                        double now) {
+  std::vector<LogRow> rows;
+  rows.reserve(batch.events.size());
+  BatchNeeds needs;
+  for (const KvEvent& ev : batch.events) {
+    LogRow r = ToLogRow(ev, dp_rank, seq, batch.ts, now);
+    KVO_RETURN_IF_ERROR(CheckRowFits(r, source, seq, &needs));
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+Status Indexer::Impl::CheckRowFits(const LogRow& r, std::string_view source, uint64_t seq,
+                                   BatchNeeds* needs) const {
+  const std::string key = ResidencyKey(r.medium, r.ownership);
+  if (key.size() > indexer_internal::kMaxMediumNameBytes) {
+    return Status::InvalidArgument("source '" + std::string(source) + "': a medium name" +
+                                   (r.ownership.empty() ? "" : " and ownership") + " of " +
+                                   std::to_string(key.size()) + " bytes (at most " +
+                                   std::to_string(indexer_internal::kMaxMediumNameBytes) +
+                                   "); batch refused");
+  }
+  if (r.medium.find(kOwnerSep) != std::string::npos ||
+      r.ownership.find(kOwnerSep) != std::string::npos) {
+    return Status::InvalidArgument("source '" + std::string(source) +
+                                   "': a medium or ownership name holds a control "
+                                   "character (0x1f); batch refused");
+  }
+  if (mem.FindMedium(key) == UINT32_MAX) needs->new_media.insert(key);
+  if (mem.FindGroup(r.group) == UINT32_MAX) needs->new_groups.insert(r.group);
+  if (mem.medium_count() + needs->new_media.size() > indexer_internal::kMaxMedia ||
+      mem.group_count() + needs->new_groups.size() > indexer_internal::kMaxGroups) {
+    return Status::OutOfRange(
+        "source '" + std::string(source) + "': batch " + std::to_string(seq) +
+        " would exceed the index's " + std::to_string(indexer_internal::kMaxMedia) + " media or " +
+        std::to_string(indexer_internal::kMaxGroups) + " KV-cache groups (medium '" + r.medium +
+        "', group " + std::to_string(r.group) + "); batch refused, nothing applied");
+  }
+  return Status::Ok();
+}
+
+Result<uint32_t> Indexer::Impl::RegisterBatch(std::string_view source,
+                                              std::optional<uint32_t> known_sid, int64_t dp_rank,
+                                              std::vector<LogRow>* rows) {
+  uint32_t sid = 0;
+  if (known_sid) {
+    sid = *known_sid;
+  } else {
+    sid = SourceId(source, true);
+    new_sources.emplace_back(sid, std::string(source));
+  }
+  if (mem.InstanceId(sid, dp_rank) == UINT32_MAX) {
+    return Status::Internal("instance registry refused a validated stream");
+  }
+  for (LogRow& r : *rows) {
+    r.source_id = sid;
+    if (mem.MediumId(ResidencyKey(r.medium, r.ownership)) == UINT32_MAX ||
+        mem.GroupId(r.group) == UINT32_MAX) {
+      return Status::Internal("medium/group registry refused a validated batch");
+    }
+  }
+  return sid;
+}
+
+void Indexer::Impl::KeyByContent(LogRow* r) {
+  if (r->kind != kStore) return;
+  r->content_keys.assign(r->hashes.size(), 0);
+  if (r->token_ids.empty()) {
+    KeyPlaceholders(r);
+  } else if (r->block_size > 0 &&
+             r->token_ids.size() == r->hashes.size() * static_cast<size_t>(r->block_size)) {
+    KeyByTokens(r);
+  } else {
+    ++counters.content_mismatches;
+  }
+  // A block whose own content could not be keyed (unresolved parent, token mismatch) still gets
+  // the key its node already has, so the log (and a rebuild from it) holds what memory holds.
+  for (size_t i = 0; i < r->hashes.size(); ++i) {
+    if (r->content_keys[i] == 0) r->content_keys[i] = NodeKeyOf(r->hashes[i]);
+  }
+}
+
+uint64_t Indexer::Impl::NodeKeyOf(uint64_t engine_hash) const {
+  const uint32_t node = mem.NodeByEngine(engine_hash);
+  return node == kNoNode ? 0 : mem.NodeContentKey(node);
+}
+
+void Indexer::Impl::KeyPlaceholders(LogRow* r) {
+  // No tokens: the content key of the node with that engine hash (llm-d's engine-key map).
+  for (size_t i = 0; i < r->hashes.size(); ++i) {
+    r->content_keys[i] = NodeKeyOf(r->hashes[i]);
+    if (r->content_keys[i] != 0) {
+      ++counters.placeholders_resolved;
     } else {
-      must_flush = due;
+      ++counters.placeholders_unresolved;
     }
-    return Status::Ok();
-  };
-  for (;;) {
-    KVO_RETURN_IF_ERROR(attempt());
-    if (!busy) break;
-    busy = false;
-    d.WaitUntilNotClearing(source, dp_rank);
   }
-  if (must_flush) {
-    MutexLock db(&d.db_mu);
-    KVO_RETURN_IF_ERROR(d.FlushLocked());
+}
+
+void Indexer::Impl::KeyByTokens(LogRow* r) {
+  uint64_t key = r->parent ? NodeKeyOf(*r->parent) : ContentKeyRoot(r->lora_name.value_or(""));
+  if (key == 0) {
+    ++counters.unresolved_parents;
+    return;
   }
-  return out;
+  const size_t bs = static_cast<size_t>(r->block_size);
+  const std::span<const int64_t> tokens(r->token_ids);
+  for (size_t i = 0; i < r->hashes.size(); ++i) {
+    key = ContentKey(key, tokens.subspan(i * bs, bs));
+    r->content_keys[i] = key;
+  }
+}
+
+void Indexer::Impl::AdvanceStream(uint32_t sid, int64_t dp_rank, uint64_t seq, double ts,
+                                  ApplyOutcome* out) {
+  StreamState& s = streams[{sid, dp_rank}];
+  s.last_seq = seq;
+  s.last_ts = ts;
+  s.dirty = true;
+  ++counters.batches_applied;
+  out->applied = true;
+  tick.fetch_add(1, std::memory_order_relaxed);
+  EvictIfNeeded();
+}
+
+bool Indexer::Impl::QueueRows(std::vector<LogRow>* rows) {
+  if (pending.empty()) pending_since_ns = clock->MonotonicNanos();
+  for (LogRow& r : *rows) pending.push_back(std::move(r));
+  const bool due = pending.size() >= opt.flush_max_events ||
+                   clock->MonotonicNanos() - pending_since_ns >= opt.flush_interval_ms * 1'000'000;
+  if (!bg.joinable()) return due;
+  // The background thread commits; the caller commits itself only as back-pressure.
+  if (due) bg_cv.Signal();
+  return pending.size() >= 4 * opt.flush_max_events;
 }
 
 Status Indexer::ClearSource(std::string_view source) { return impl_->Clear(source, std::nullopt); }

@@ -1,24 +1,14 @@
-// GET /v1/instances/{instance}/blocks: the blocks the index holds for one instance, per medium —
-// what `kvo demo` compares with each engine's own state (its consistency verdict). Read-only.
-//
-//   {instance} matches a source named exactly so (--source/--config) and every stream registered
-//   through POST /register under that instance_id (sources "<instance>@<tenant>@<rank>"), also
-//   one that has published nothing yet (its sets are empty).
-//   -> 200 {"instance", "sources": [name, ...],
-//           "blocks": {"GPU": ["<16 hex digits>", ...], "CPU": [...], "DISK": [...], <other>:
-//           [...]}, "digest": {medium: "<16 hex digits>"}, "count": {medium: n}}
-//      Media as the router API names them (vLLM's STORAGE is DISK); GPU, CPU and DISK are always
-//      present. A block is its engine hash in the 64-bit wire form, listed once per medium
-//      (whatever groups, ranks or reference counts hold it), sorted ascending.
-//      digest = BlockSetDigest of that medium's list.
-//   -> 404 {"error"} when no source matches; 405 for a method other than GET.
+// The blocks the index holds for one instance, per medium, and an order-independent digest of a
+// block set: what `kvo demo` compares with each engine's own state. The HTTP route serving them
+// (GET /v1/instances/{instance}/blocks) is indexer/service/instance_blocks_api.h.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "http/http_server.h"
 #include "indexer/indexer.h"
 
 namespace kvo {
@@ -28,8 +18,15 @@ namespace kvo {
 // the empty set). Anyone holding the list computes the same value.
 std::string BlockSetDigest(const std::vector<uint64_t>& hashes);
 
-// Serves GET /v1/instances/{instance}/blocks into *out; false (and *out untouched) for any other
-// path.
-bool ServeInstanceBlocks(const HttpRequest& request, const Indexer& index, HttpResponse* out);
+// One instance's holdings. The instance is a source named exactly `instance` and every source
+// registered under that instance_id ("<instance>@<tenant>@<rank>"), also one that holds nothing
+// yet (a stream seen, or a stored registration): it is in `sources` with no blocks.
+struct InstanceBlocks {
+  std::set<std::string> sources;
+  // Medium as stored (e.g. "GPU", "STORAGE") -> engine hashes (64-bit wire form) held on it by
+  // any group, rank or reference count of the instance's sources.
+  std::map<std::string, std::set<uint64_t>> blocks_by_medium;
+};
+InstanceBlocks CollectInstanceBlocks(const Indexer& index, const std::string& instance);
 
 }  // namespace kvo

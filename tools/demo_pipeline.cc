@@ -22,8 +22,8 @@
 
 #include "common/file_system.h"
 #include "events/events.h"
-#include "indexer/client.h"
-#include "indexer/service.h"
+#include "indexer/service/client.h"
+#include "indexer/service/service.h"
 #include "manager/metrics.h"
 #include "manager/offload_stack.h"
 #include "manager/secondary_tier.h"

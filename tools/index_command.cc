@@ -20,12 +20,12 @@
 #include "common/json.h"
 #include "common/logging.h"
 #include "events/events.h"
-#include "indexer/client.h"
-#include "indexer/doctor.h"
-#include "indexer/http_api.h"
 #include "indexer/indexer.h"
-#include "indexer/service.h"
-#include "indexer/sources_config.h"
+#include "indexer/service/client.h"
+#include "indexer/service/doctor.h"
+#include "indexer/service/http_api.h"
+#include "indexer/service/service.h"
+#include "indexer/service/sources_config.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {

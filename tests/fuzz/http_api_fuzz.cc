@@ -19,9 +19,9 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "indexer/http_api.h"
 #include "indexer/indexer.h"
-#include "indexer/service.h"
+#include "indexer/service/http_api.h"
+#include "indexer/service/service.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

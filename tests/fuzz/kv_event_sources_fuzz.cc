@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "indexer/discovery.h"
+#include "indexer/service/discovery.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "indexer/router_api.h"
+#include "indexer/service/router_api.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

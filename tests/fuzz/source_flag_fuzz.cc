@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

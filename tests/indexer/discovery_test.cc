@@ -1,12 +1,12 @@
-// Discovery of vLLM engines (`--discover`, indexer/discovery.h): the /kv_event_sources parser
-// (wildcard hosts rewritten, garbage refused naming the field), the bounded backoff schedule under
-// a manual clock against a real HTTP server process that is down, then answers garbage, then
+// Discovery of vLLM engines (`--discover`, indexer/service/discovery.h): the /kv_event_sources
+// parser (wildcard hosts rewritten, garbage refused naming the field), the bounded backoff schedule
+// under a manual clock against a real HTTP server process that is down, then answers garbage, then
 // answers; and the daemon following a two-rank engine whose publishers are real kvo publishers
 // bound the vLLM way (tcp://*:P), including rank 1 restarting on a new port (old stream cleared,
 // new one followed), the server answering garbage (other sources unaffected) and a restart of the
 // indexer with the server down (registrations resume from the file). The HTTP server is a Python
 // process (http.server) reading its answer from a file the test rewrites.
-#include "indexer/discovery.h"
+#include "indexer/service/discovery.h"
 
 #include <netinet/in.h>
 #include <signal.h>
@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "events/zmq_publisher.h"
-#include "indexer/service.h"
+#include "indexer/service/service.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/temp_dir.h"

@@ -1,12 +1,12 @@
 // The hash parity doctor against vLLM's own test vectors (vllm-compat.md A.7) and against events
 // hashed with deliberately different settings: each wrong setting must be named as the cause.
-#include "indexer/doctor.h"
+#include "indexer/service/doctor.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 
 namespace kvo {
 namespace {

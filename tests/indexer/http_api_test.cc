@@ -1,12 +1,12 @@
 // The /v1/score request contract: what is accepted, and a 400 naming the problem for the rest.
-#include "indexer/http_api.h"
+#include "indexer/service/http_api.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <random>
 
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {

@@ -1,7 +1,7 @@
 // GET /v1/instances/{id}/blocks over a real Indexer (SQLite file): per-medium block sets of one
 // instance (a --source name or every stream registered under an instance_id), STORAGE named
 // DISK, duplicates and groups folded, removals and clears followed, and the digest's definition.
-#include "indexer/instance_blocks.h"
+#include "indexer/service/instance_blocks_api.h"
 
 #include <gtest/gtest.h>
 

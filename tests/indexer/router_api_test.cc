@@ -2,7 +2,7 @@
 // request bodies, exact response shapes, the tiered match, scoping, durable registrations across a
 // restart of the indexer, unregister, and bad input. Real publishers (kvo's, journaled, over
 // loopback TCP), a real SQLite file; synchronisation by polling with a deadline.
-#include "indexer/router_api.h"
+#include "indexer/service/router_api.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -20,7 +20,7 @@
 #include <sqlite3.h>
 
 #include "events/zmq_publisher.h"
-#include "indexer/service.h"
+#include "indexer/service/service.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 

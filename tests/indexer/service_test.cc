@@ -1,7 +1,7 @@
 // The daemon in-process: DP-rank restarts, malformed messages, silent and unbindable sources,
 // the HTTP routes. Real sockets (inproc/ipc/tcp) and a real SQLite file; synchronisation by
 // polling the service's own status with a deadline.
-#include "indexer/service.h"
+#include "indexer/service/service.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

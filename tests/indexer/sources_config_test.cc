@@ -1,6 +1,6 @@
 // The indexer daemon's configuration: JSON file and --source flags, with the rejections an
 // operator needs to see (naming the key and the value).
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // JSON adapter for vLLM's /kv_event_sources and /v1/models: nlohmann_json exceptions stop here.
-#include "indexer/discovery.h"
+#include "indexer/service/discovery.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-#include "indexer/doctor.h"
+#include "indexer/service/doctor.h"
 
 #include <algorithm>
 #include <bit>

@@ -23,8 +23,8 @@
 
 #include "common/result.h"
 #include "http/http_server.h"
-#include "indexer/doctor.h"
 #include "indexer/indexer.h"
+#include "indexer/service/doctor.h"
 
 namespace kvo {
 

@@ -6,8 +6,8 @@
 #include <string_view>
 
 #include "common/result.h"
-#include "indexer/http_api.h"
-#include "indexer/sources_config.h"
+#include "indexer/service/http_api.h"
+#include "indexer/service/sources_config.h"
 
 namespace kvo {
 

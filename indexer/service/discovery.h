@@ -24,7 +24,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/result.h"
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 
 namespace kvo {
 

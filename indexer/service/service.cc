@@ -1,6 +1,6 @@
 // IndexerService: the stream threads (subscribe, replay, apply), discovery, start and stop.
 // The HTTP routes are in service_http.cc.
-#include "indexer/service.h"
+#include "indexer/service/service.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,11 +14,11 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "events/zmq_subscriber.h"
-#include "indexer/discovery.h"
-#include "indexer/doctor.h"
-#include "indexer/instance_blocks.h"
-#include "indexer/router_api.h"
-#include "indexer/service_internal.h"
+#include "indexer/service/discovery.h"
+#include "indexer/service/doctor.h"
+#include "indexer/service/instance_blocks_api.h"
+#include "indexer/service/router_api.h"
+#include "indexer/service/service_internal.h"
 
 namespace kvo {
 

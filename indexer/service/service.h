@@ -28,9 +28,9 @@
 #include "common/metrics.h"
 #include "common/result.h"
 #include "http/http_server.h"
-#include "indexer/http_api.h"
 #include "indexer/indexer.h"
-#include "indexer/sources_config.h"
+#include "indexer/service/http_api.h"
+#include "indexer/service/sources_config.h"
 
 namespace kvo {
 

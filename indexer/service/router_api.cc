@@ -1,5 +1,5 @@
 // JSON adapter for the Mooncake/Dynamo indexer API: nlohmann_json exceptions stop in this file.
-#include "indexer/router_api.h"
+#include "indexer/service/router_api.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,7 +11,7 @@
 
 #include "common/json.h"
 #include "events/kv_events_config.h"
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 
 namespace kvo {
 namespace {

@@ -28,7 +28,7 @@
 #include "common/mutex.h"
 #include "events/block_hash.h"
 #include "events/event.h"
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 
 namespace kvo {
 

@@ -1,5 +1,5 @@
 // JSON adapter for the indexer config: nlohmann_json exceptions stop in this file.
-#include "indexer/sources_config.h"
+#include "indexer/service/sources_config.h"
 
 #include <nlohmann/json.hpp>
 

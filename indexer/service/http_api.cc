@@ -1,5 +1,5 @@
 // JSON adapter for the HTTP API: nlohmann_json exceptions stop in this file.
-#include "indexer/http_api.h"
+#include "indexer/service/http_api.h"
 
 #include <nlohmann/json.hpp>
 

@@ -14,9 +14,9 @@
 
 #include "common/mutex.h"
 #include "events/zmq_subscriber.h"
-#include "indexer/discovery.h"
-#include "indexer/doctor.h"
-#include "indexer/service.h"
+#include "indexer/service/discovery.h"
+#include "indexer/service/doctor.h"
+#include "indexer/service/service.h"
 
 namespace kvo {
 namespace service_internal {

@@ -1,4 +1,4 @@
-#include "indexer/client.h"
+#include "indexer/service/client.h"
 
 #include "http/http_server.h"
 
