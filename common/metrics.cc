@@ -266,7 +266,7 @@ template class MetricFamily<Histogram>;
 // ---- Registry -----------------------------------------------------------------------------------
 
 struct MetricsRegistry::Entry {
-  MetricType type;
+  MetricType type = MetricType::kCounter;
   std::string name;  // counters without "_total"
   std::string help;
   std::unique_ptr<CounterFamily> counter;

@@ -6,7 +6,7 @@
 
 namespace kvo {
 
-ThreadPool::ThreadPool(int num_threads, std::string name) {
+ThreadPool::ThreadPool(int num_threads, const std::string& name) {
   num_threads = std::max(1, num_threads);
   threads_.reserve(static_cast<size_t>(num_threads));
   for (int i = 0; i < num_threads; ++i) {

@@ -22,7 +22,7 @@ class Executor {
 class ThreadPool final : public Executor {
  public:
   // Starts `num_threads` (>= 1) workers named `name`.
-  ThreadPool(int num_threads, std::string name);
+  ThreadPool(int num_threads, const std::string& name);
   // Runs every task already scheduled, then joins the workers.
   ~ThreadPool() override;
   ThreadPool(const ThreadPool&) = delete;

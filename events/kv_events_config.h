@@ -30,13 +30,13 @@ struct KvEventsConfig {
 
 // Parses the JSON object a vLLM user passes to --kv-events-config. Unknown keys, wrong types and
 // out-of-range values are InvalidArgument naming the key and the value.
-Result<KvEventsConfig> ParseKvEventsConfig(std::string_view json);
+Result<KvEventsConfig> ParseKvEventsConfig(std::string_view text);
 
 // Checks a ZeroMQ endpoint before it reaches a socket: tcp://HOST:PORT (PORT 1-65535 or "*",
 // HOST non-empty, IPv6 in brackets), ipc://PATH or inproc://NAME; at most 1024 bytes, no control
 // characters (a NUL would silently cut the string ZeroMQ sees). InvalidArgument names `what` and
 // the value (shortened, escaped).
-Status ValidateEndpoint(std::string_view endpoint, std::string_view what);
+Status ValidateEndpoint(std::string_view ep, std::string_view what);
 
 // vLLM's offset_endpoint_port: rank 0 or an empty endpoint is unchanged; "inproc" endpoints get
 // "_dp<rank>"; "tcp" endpoints get rank added to the port after the last ':'; anything else is

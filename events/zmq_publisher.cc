@@ -32,7 +32,7 @@ class NullPublisher final : public EventPublisher {
 };
 
 struct RingEntry {
-  uint64_t seq;
+  uint64_t seq = 0;
   std::string payload;
 };
 
@@ -337,7 +337,7 @@ class ZmqPublisher final : public EventPublisher {
   void StartSession(std::vector<zmq::message_t>& frames) {
     MutexLock lock(&mu_);
     ++stats_.replay_requests;
-    if (frames.size() != 3 || frames[1].size() != 0) {
+    if (frames.size() != 3 || !frames[1].empty()) {
       ++stats_.invalid_replay_requests;
       KVO_LOG_WARN("Invalid replay request: {} frames", frames.size());
       return;  // as vLLM: no reply at all

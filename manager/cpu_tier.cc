@@ -328,7 +328,7 @@ void CpuTier::ListReady(std::vector<OffloadKey>* out) const {
     });
     std::sort(ready.begin(), ready.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& [slot, key] : ready) out->push_back(std::move(key));
+    for (const auto& [slot, key] : ready) out->push_back(key);
     return;
   }
   for (size_t s = 0; s < num_allocated_; ++s) {

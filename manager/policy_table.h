@@ -297,7 +297,7 @@ class NodeTable {
   // found again by complete_store without probing the index. Entries are live nodes or kNil.
   static constexpr uint32_t kRecentBits = 6;
   static uint32_t RecentSlot(uint64_t h) { return static_cast<uint32_t>(h >> (64 - kRecentBits)); }
-  uint32_t recent_[1u << kRecentBits];
+  uint32_t recent_[1u << kRecentBits] = {};  // filled with kNil by the constructor
 };
 
 // Implemented by the built-in policies so that the manager's lookup probes their table directly
