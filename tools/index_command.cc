@@ -18,6 +18,7 @@
 
 #include "common/hex.h"
 #include "common/json.h"
+#include "common/json_fields.h"
 #include "common/logging.h"
 #include "events/events.h"
 #include "indexer/client.h"
@@ -336,25 +337,43 @@ Result<std::unique_ptr<Indexer>> OpenReadOnly(const std::string& db) {
 }
 
 Status RunStats(const std::string& db) {
+  static const JsonFields<IndexerStats> kStats = {
+      {"schema_version", &IndexerStats::schema_version},
+      {"blocks_in_memory", &IndexerStats::blocks_in_memory},
+      {"entries_in_memory", &IndexerStats::entries_in_memory},
+      {"memory_bytes", &IndexerStats::memory_bytes},
+      {"memory_budget_bytes", &IndexerStats::memory_budget_bytes},
+      {"log_rows_pending", &IndexerStats::log_rows_pending},
+      {"sqlite_bytes", &IndexerStats::sqlite_bytes},
+  };
+  static const JsonFields<StreamStats> kStream = {
+      {"source", &StreamStats::source},
+      {"dp_rank", &StreamStats::dp_rank},
+      {"last_sequence",
+       [](const StreamStats& st) { return st.has_seq ? OJson(st.last_seq) : OJson(); }},
+      {"durable_sequence",
+       [](const StreamStats& st) { return st.has_seq ? OJson(st.durable_seq) : OJson(); }},
+      {"last_event_ts", &StreamStats::last_event_ts},
+  };
+  static const JsonFields<IndexerCounters> kCounters = {
+      {"batches_applied", &IndexerCounters::batches_applied},
+      {"stores", &IndexerCounters::stores},
+      {"duplicate_stores", &IndexerCounters::duplicate_stores},
+      {"removals", &IndexerCounters::removals},
+      {"unknown_removals", &IndexerCounters::unknown_removals},
+      {"clears", &IndexerCounters::clears},
+      {"placeholders_resolved", &IndexerCounters::placeholders_resolved},
+      {"placeholders_unresolved", &IndexerCounters::placeholders_unresolved},
+      {"dropped_by_budget", &IndexerCounters::dropped_by_budget},
+  };
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<Indexer> index, OpenReadOnly(db));
   IndexerStats s = index->Stats();
   OJson j;
   j["db"] = db;
-  j["schema_version"] = s.schema_version;
-  j["blocks_in_memory"] = s.blocks_in_memory;
-  j["entries_in_memory"] = s.entries_in_memory;
-  j["memory_bytes"] = s.memory_bytes;
-  j["memory_budget_bytes"] = s.memory_budget_bytes;
-  j["log_rows_pending"] = s.log_rows_pending;
-  j["sqlite_bytes"] = s.sqlite_bytes;
+  kStats.AppendTo(s, &j);
   OJson streams = OJson::array();
   for (const StreamStats& st : s.streams) {
-    OJson x;
-    x["source"] = st.source;
-    x["dp_rank"] = st.dp_rank;
-    x["last_sequence"] = st.has_seq ? OJson(st.last_seq) : OJson();
-    x["durable_sequence"] = st.has_seq ? OJson(st.durable_seq) : OJson();
-    x["last_event_ts"] = st.last_event_ts;
+    OJson x = kStream.ToJson(st);
     OJson media = OJson::object();
     for (const MediumStats& m : s.per_medium) {
       if (m.source == st.source && m.dp_rank == st.dp_rank) media[m.medium] = m.blocks;
@@ -363,18 +382,7 @@ Status RunStats(const std::string& db) {
     streams.push_back(std::move(x));
   }
   j["streams"] = std::move(streams);
-  const IndexerCounters& c = s.counters;
-  OJson counters;
-  counters["batches_applied"] = c.batches_applied;
-  counters["stores"] = c.stores;
-  counters["duplicate_stores"] = c.duplicate_stores;
-  counters["removals"] = c.removals;
-  counters["unknown_removals"] = c.unknown_removals;
-  counters["clears"] = c.clears;
-  counters["placeholders_resolved"] = c.placeholders_resolved;
-  counters["placeholders_unresolved"] = c.placeholders_unresolved;
-  counters["dropped_by_budget"] = c.dropped_by_budget;
-  j["counters"] = std::move(counters);
+  j["counters"] = kCounters.ToJson(s.counters);
   PrintLine(Dump(j));
   return Status::Ok();
 }
