@@ -2,8 +2,11 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
@@ -50,29 +53,23 @@ ExitCode RunPythonBench(const bench::BenchOptions& options) {
 // The area's own cases, then the cases registered for it (the CUDA engine's); exit status 1 when
 // any failed.
 ExitCode RunBench(const std::string& area, bench::BenchOptions options) {
+  // The areas with cases of their own, in the order `kvo bench --help` names them.
+  static const std::pair<const char*, int (*)(const bench::BenchOptions&)> kAreas[] = {
+      {"events", bench::RunEventsBench},   {"journal", bench::RunJournalBench},
+      {"manager", bench::RunManagerBench}, {"transfer", bench::RunTransferBench},
+      {"fs", bench::RunFsBench},           {"indexer", bench::RunIndexerBench},
+      {"route", bench::RunRouteBench},
+  };
   if (options.quick) options.seconds_per_case = std::min(options.seconds_per_case, 0.1);
-  int code = 0;
-  if (area == "events") {
-    code = bench::RunEventsBench(options);
-  } else if (area == "journal") {
-    code = bench::RunJournalBench(options);
-  } else if (area == "manager") {
-    code = bench::RunManagerBench(options);
-  } else if (area == "transfer") {
-    code = bench::RunTransferBench(options);
-  } else if (area == "fs") {
-    code = bench::RunFsBench(options);
-  } else if (area == "indexer") {
-    code = bench::RunIndexerBench(options);
-  } else if (area == "route") {
-    code = bench::RunRouteBench(options);
-  } else if (area == "python") {
-    return RunPythonBench(options);
-  } else if (!bench::HasRegisteredBenchCases(area)) {
+  if (area == "python") return RunPythonBench(options);
+  const auto* own = std::find_if(std::begin(kAreas), std::end(kAreas),
+                                 [&](const auto& a) { return area == a.first; });
+  if (own == std::end(kAreas) && !bench::HasRegisteredBenchCases(area)) {
     return Status::InvalidArgument(
         "unknown bench area '" + area +
         "' (available: events, journal, manager, transfer, fs, indexer, route, python)");
   }
+  int code = own != std::end(kAreas) ? own->second(options) : 0;
   if (bench::RunRegisteredBenchCases(area, options) != 0) code = 1;
   return code;
 }
