@@ -1,9 +1,14 @@
 #include "tools/cli_util.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <fstream>
+#include <sstream>
 
 namespace kvo::cli {
 
@@ -62,6 +67,29 @@ int LingerUntilSignal(const sigset_t& set, int64_t ms) {
     if (sig > 0) return sig;
     if (errno != EINTR && errno != EAGAIN) return 0;
   }
+}
+
+Result<std::string> ReadInputFile(const std::string& path, const char* what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
+                                   "': " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(std::string(what) + " '" + path +
+                                   "' is a directory, not a file");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
+                                   "': " + std::strerror(errno));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) {
+    return Status::IOError(std::string("cannot read ") + what + " '" + path + "'");
+  }
+  return ss.str();
 }
 
 void PrintLine(std::string_view line) {

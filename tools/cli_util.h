@@ -57,6 +57,11 @@ int WaitForTerminationSignal(const sigset_t& set);
 // timeout.
 int LingerUntilSignal(const sigset_t& set, int64_t ms);
 
+// The whole of a file a flag names (a regular file, a FIFO or /dev/stdin; not a directory).
+// InvalidArgument "cannot open <what> '<path>': <errno text>" or "<what> '<path>' is a directory,
+// not a file"; IOError when reading fails.
+Result<std::string> ReadInputFile(const std::string& path, const char* what);
+
 // Writes `line` and a newline (unless it ends with one) to stdout and flushes: consumers read the
 // output through a pipe.
 void PrintLine(std::string_view line);

@@ -4,7 +4,6 @@
 //   journal  prints the records of a journal directory.
 // JSON lines use events/event_json.h's form; stdout carries only data, notices go to stderr.
 #include <signal.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include <nlohmann/json.hpp>
@@ -41,29 +40,6 @@ void PrintJsonLine(FILE* out, const nlohmann::ordered_json& j) {
   line += '\n';
   std::fwrite(line.data(), 1, line.size(), out);
   std::fflush(out);
-}
-
-Result<std::string> ReadWholeFile(const std::string& path, const char* what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
-                                   "': " + std::strerror(errno));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument(std::string(what) + " '" + path +
-                                   "' is a directory, not a file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
-                                   "': " + std::strerror(errno));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) {
-    return Status::IOError(std::string("cannot read ") + what + " '" + path + "'");
-  }
-  return ss.str();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,7 +154,7 @@ Result<std::vector<EventBatch>> ReadBatches(const std::string& path) {
     ss << std::cin.rdbuf();
     text = ss.str();
   } else {
-    KVO_ASSIGN_OR_RETURN(text, ReadWholeFile(path, "--input"));
+    KVO_ASSIGN_OR_RETURN(text, ReadInputFile(path, "--input"));
   }
   std::vector<EventBatch> batches;
   size_t line_no = 0;
@@ -203,7 +179,7 @@ Result<std::vector<EventBatch>> ReadBatches(const std::string& path) {
 Status RunPublish(const PublishArgs& args) {
   std::string config_json = args.config;
   if (!config_json.empty() && config_json[0] == '@') {
-    KVO_ASSIGN_OR_RETURN(config_json, ReadWholeFile(config_json.substr(1), "--kv-events-config"));
+    KVO_ASSIGN_OR_RETURN(config_json, ReadInputFile(config_json.substr(1), "--kv-events-config"));
   }
   Result<KvEventsConfig> parsed = ParseKvEventsConfig(config_json);
   if (!parsed.ok()) return parsed.status().WithContext("--kv-events-config");

@@ -11,8 +11,6 @@
 
 #include <charconv>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,14 +34,6 @@ namespace {
 using OJson = nlohmann::ordered_json;
 
 std::string Dump(const OJson& j) { return j.dump(-1, ' ', false, OJson::error_handler_t::replace); }
-
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidArgument("cannot open config file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "1,2,3" -> ints (int64 for tokens; u64 or hex digests for hashes).
 Result<std::vector<int64_t>> ParseTokenList(const std::string& text) {
@@ -158,7 +148,7 @@ struct ServeArgs {
 Status RunServe(const ServeArgs& a) {
   IndexerConfig config;
   if (!a.config.empty()) {
-    KVO_ASSIGN_OR_RETURN(std::string text, ReadFile(a.config));
+    KVO_ASSIGN_OR_RETURN(std::string text, ReadInputFile(a.config, "config file"));
     KVO_ASSIGN_OR_RETURN(config, ParseIndexerConfig(text, a.config));
   }
   for (const std::string& flag : a.sources) {
