@@ -17,7 +17,9 @@
 
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,20 +35,34 @@ class JsonFields {
     template <typename M>
     Field(const char* name, M T::*member)  // NOLINT(google-explicit-constructor)
         : key(name), get([member](const T& v) { return Json(v.*member); }) {}
-    // A computed value.
+    // A computed value; one of type std::optional is left out of the object when empty (a
+    // key that only some values have, at its place in the order).
     template <typename F, typename = std::enable_if_t<std::is_invocable_v<const F&, const T&>>>
     Field(const char* name, F f)  // NOLINT(google-explicit-constructor)
-        : key(name), get([f = std::move(f)](const T& v) { return Json(f(v)); }) {}
+        : key(name), get([f = std::move(f)](const T& v) { return ToJson(f(v)); }) {}
 
     std::string key;
     std::function<Json(const T&)> get;
+
+   private:
+    template <typename V>
+    static Json ToJson(V&& value) {
+      return Json(std::forward<V>(value));
+    }
+    template <typename V>
+    static Json ToJson(std::optional<V> value) {
+      return value ? Json(*std::move(value)) : Json(Json::value_t::discarded);
+    }
   };
 
   JsonFields(std::initializer_list<Field> fields) : fields_(fields) {}
 
   // Sets every field of `value` in `out` (an object, or null: becomes one), in table order.
   void AppendTo(const T& value, Json* out) const {
-    for (const Field& f : fields_) (*out)[f.key] = f.get(value);
+    for (const Field& f : fields_) {
+      Json v = f.get(value);
+      if (!v.is_discarded()) (*out)[f.key] = std::move(v);
+    }
   }
   Json ToJson(const T& value) const {
     Json out = Json::object();
