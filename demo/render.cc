@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "common/json_fields.h"
 #include "demo/demo.h"
 
 namespace kvo::demo {
@@ -176,6 +177,70 @@ std::string RenderText(const DemoReport& r) {
   return out.str();
 }
 
+namespace {
+
+const JsonFields<MediumCheck>& CheckFields() {
+  static const JsonFields<MediumCheck> fields = {
+      {"instance", &MediumCheck::instance},
+      {"medium", &MediumCheck::medium},
+      {"engine_blocks", &MediumCheck::engine_blocks},
+      {"index_blocks", &MediumCheck::index_blocks},
+      {"only_engine", &MediumCheck::only_engine},
+      {"only_index", &MediumCheck::only_index},
+      {"engine_digest", &MediumCheck::engine_digest},
+      {"index_digest", &MediumCheck::index_digest},
+      {"equal", [](const MediumCheck& c) { return c.equal(); }},
+  };
+  return fields;
+}
+
+// One policy run in --json (demo/DESIGN.md).
+const JsonFields<PolicyRun>& PolicyFields() {
+  using P = PolicyRun;
+  static const JsonFields<PolicyRun> fields = {
+      {"requests", &P::requests},
+      {"errors", &P::errors},
+      {"engine_requests", &P::engine_requests},
+      {"prompt_tokens", &P::prompt_tokens},
+      {"hit_tokens", [](const P& p) { return TiersJson(p.hit_tokens, true); }},
+      {"hit_rate", [](const P& p) { return p.hit_rate(); }},
+      {"prefill_tokens_saved", [](const P& p) { return p.hit_tokens.total(); }},
+      {"prefill_tokens_computed", &P::prefill_computed},
+      {"bytes_loaded", [](const P& p) { return TiersJson(p.bytes_loaded, false); }},
+      {"bytes_stored", [](const P& p) { return TiersJson(p.bytes_stored, false); }},
+      {"load_bytes_per_s",
+       [](const P& p) {
+         return SafeDiv(static_cast<double>(p.bytes_loaded.total()), p.load_seconds);
+       }},
+      {"store_bytes_per_s",
+       [](const P& p) {
+         return SafeDiv(static_cast<double>(p.bytes_stored.total()), p.store_seconds);
+       }},
+      {"events_published", &P::events_published},
+      {"events_indexed", &P::events_indexed},
+      {"batches_indexed", &P::batches_indexed},
+      {"blocks_verified", &P::blocks_verified},
+      {"mismatches", &P::mismatches},
+      {"ttft_ms", [](const P& p) { return PctJson(p.ttft_ms); }},
+      {"e2e_ms", [](const P& p) { return PctJson(p.e2e_ms); }},
+      {"router",
+       [](const P& p) {
+         return OJson{{"predicted_hit_tokens", p.predicted_hit_tokens},
+                      {"delivered_hit_tokens", p.delivered_hit_tokens},
+                      {"stats", p.router_stats}};
+       }},
+      {"wall_s", &P::wall_s},
+      {"load_wall_s", &P::load_wall_s},
+      {"consistent", &P::consistent},
+      {"inconsistency", &P::inconsistency},
+      {"checks", [](const P& p) { return CheckFields().ArrayOf(p.checks); }},
+      {"dir", &P::dir},
+  };
+  return fields;
+}
+
+}  // namespace
+
 OJson RenderJson(const DemoReport& r) {
   OJson o;
   o["mismatches"] = r.mismatches();
@@ -184,50 +249,7 @@ OJson RenderJson(const DemoReport& r) {
   o["workload"] = r.workload;
   o["wall_s"] = r.wall_s;
   OJson policies = OJson::object();
-  for (const PolicyRun& p : r.runs) {
-    OJson j;
-    j["requests"] = p.requests;
-    j["errors"] = p.errors;
-    j["engine_requests"] = p.engine_requests;
-    j["prompt_tokens"] = p.prompt_tokens;
-    j["hit_tokens"] = TiersJson(p.hit_tokens, true);
-    j["hit_rate"] = p.hit_rate();
-    j["prefill_tokens_saved"] = p.hit_tokens.total();
-    j["prefill_tokens_computed"] = p.prefill_computed;
-    j["bytes_loaded"] = TiersJson(p.bytes_loaded, false);
-    j["bytes_stored"] = TiersJson(p.bytes_stored, false);
-    j["load_bytes_per_s"] = SafeDiv(static_cast<double>(p.bytes_loaded.total()), p.load_seconds);
-    j["store_bytes_per_s"] = SafeDiv(static_cast<double>(p.bytes_stored.total()), p.store_seconds);
-    j["events_published"] = p.events_published;
-    j["events_indexed"] = p.events_indexed;
-    j["batches_indexed"] = p.batches_indexed;
-    j["blocks_verified"] = p.blocks_verified;
-    j["mismatches"] = p.mismatches;
-    j["ttft_ms"] = PctJson(p.ttft_ms);
-    j["e2e_ms"] = PctJson(p.e2e_ms);
-    j["router"] = OJson{{"predicted_hit_tokens", p.predicted_hit_tokens},
-                        {"delivered_hit_tokens", p.delivered_hit_tokens},
-                        {"stats", p.router_stats}};
-    j["wall_s"] = p.wall_s;
-    j["load_wall_s"] = p.load_wall_s;
-    j["consistent"] = p.consistent;
-    j["inconsistency"] = p.inconsistency;
-    OJson checks = OJson::array();
-    for (const MediumCheck& c : p.checks) {
-      checks.push_back(OJson{{"instance", c.instance},
-                             {"medium", c.medium},
-                             {"engine_blocks", c.engine_blocks},
-                             {"index_blocks", c.index_blocks},
-                             {"only_engine", c.only_engine},
-                             {"only_index", c.only_index},
-                             {"engine_digest", c.engine_digest},
-                             {"index_digest", c.index_digest},
-                             {"equal", c.equal()}});
-    }
-    j["checks"] = std::move(checks);
-    j["dir"] = p.dir;
-    policies[p.policy] = std::move(j);
-  }
+  for (const PolicyRun& p : r.runs) policies[p.policy] = PolicyFields().ToJson(p);
   o["policies"] = std::move(policies);
   const PolicyRun* kv = Find(r, "kv");
   const PolicyRun* rr = Find(r, "round-robin");

@@ -158,15 +158,19 @@ struct SimEngine::Impl {
     return std::memcmp(scratch.data(), p, block_bytes) == 0;
   }
 
+  void DrainTiers() EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (size_t t = 0; t < manager->num_secondary_tiers(); ++t) {
+      manager->secondary_tier(t).Drain();
+    }
+  }
+
   // One scheduler step: finished tier jobs, new promotions and cascades, the step's events.
   // `drain`: wait for the file tier's jobs first (quiesce).
+  // With synchronous_steps every step drains, after OnScheduleEnd: what the step submitted too.
   Status EndStep(bool drain) EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (drain) {
-      for (size_t t = 0; t < manager->num_secondary_tiers(); ++t) {
-        manager->secondary_tier(t).Drain();
-      }
-    }
+    if (drain && !opt.synchronous_steps) DrainTiers();
     manager->OnScheduleEnd();
+    if (opt.synchronous_steps) DrainTiers();
     KVO_RETURN_IF_ERROR(manager->PublishEvents());
     // Blocks the file tier announced stored (its cascade writes).
     const uint64_t storage_stored = manager->GetStats().events_taken.blocks[1][0];
@@ -287,13 +291,16 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
   OffloadManager::PrefixLookupResult hit;
   // A deferred lookup waits for the file tier's answer as vLLM's scheduler does, retrying each
   // step; steps here are 100 us apart, and after 200 of them a step waits for the tier's jobs.
+  // With synchronous_steps every step waits for the tier's jobs.
   for (int step = 0;; ++step) {
     hit = manager->MaximalPrefixLookup(rest, ctx);
     manager->Touch(rest, ctx);
     if (!hit.deferred) break;
     if (step == 250) return Status::Internal(req_id + ": lookup still deferred after 250 steps");
-    KVO_RETURN_IF_ERROR(EndStep(step >= 200));
-    if (step < 200) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    ++counters.deferred_steps;
+    const bool drain = opt.synchronous_steps || step >= 200;
+    KVO_RETURN_IF_ERROR(EndStep(drain));
+    if (!drain) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   const size_t offload_hit = hit.hits;
   const size_t disk_hit = std::min<uint64_t>(DiskHits() - disk_before, offload_hit);
@@ -394,7 +401,8 @@ Result<ServeResult> SimEngine::Impl::Serve(const std::vector<uint32_t>& prompt,
   }
   manager->Touch(keys, ctx);
   manager->OnRequestFinished(ctx);
-  KVO_RETURN_IF_ERROR(EndStep(false));  // the cascade's file writes go on in the background
+  // The cascade's file writes go on in the background (unless synchronous_steps).
+  KVO_RETURN_IF_ERROR(EndStep(opt.synchronous_steps));
   return out;
 }
 
@@ -482,8 +490,10 @@ Result<std::unique_ptr<SimEngine>> SimEngine::Open(const SimEngineOptions& optio
   mo.engine_labels = {{"engine", options.instance_id}};
   mo.tiering = e.manager->num_secondary_tiers() > 0;
   KVO_ASSIGN_OR_RETURN(e.exporter, OffloadMetricsExporter::Create(&e.metrics, mo));
-  Impl* raw = impl.get();
-  impl->stepper = std::thread([raw] { raw->StepLoop(); });
+  if (!options.synchronous_steps) {
+    Impl* raw = impl.get();
+    impl->stepper = std::thread([raw] { raw->StepLoop(); });
+  }
   return std::unique_ptr<SimEngine>(new SimEngine(std::move(impl)));
 }
 
@@ -518,9 +528,21 @@ Status SimEngine::ResetPrefixCache() {
   return e.Publish(std::move(b));
 }
 
+Status SimEngine::RestartOffloadManager() {
+  MutexLock lock(&impl_->mu);
+  Impl& e = *impl_;
+  e.manager.reset();
+  std::memset(reinterpret_cast<void*>(e.rows.base), 0, e.rows.bytes());
+  e.publisher->Flush();
+  KVO_ASSIGN_OR_RETURN(e.manager, RecoverOffloadManager(e.StackOptions(), *e.journal));
+  e.stored_events_storage_seen = e.manager->GetStats().events_taken.blocks[1][0];
+  return Status::Ok();
+}
+
 EngineCounters SimEngine::Counters() {
   MutexLock lock(&impl_->mu);
   EngineCounters c = impl_->counters;
+  c.cpu_evictions = impl_->manager->GetStats().evictions;
   c.gpu_blocks_used = impl_->gpu.size();
   c.events_published = impl_->publisher->block_events_published();
   return c;
@@ -561,5 +583,7 @@ const KvEventsConfig& SimEngine::events_config() const { return impl_->opt.event
 std::string SimEngine::PrometheusText() { return impl_->metrics.RenderPrometheus(); }
 
 void SimEngine::FlushEvents() { impl_->publisher->Flush(); }
+
+std::optional<uint64_t> SimEngine::NextEventSeq() { return impl_->publisher->stats().next_seq; }
 
 }  // namespace kvo::sim

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct SimEngineOptions {
   KvEventsConfig events;  // enable_kv_cache_events, endpoints (resolved: no port 0), topic
   HashAlgo hash_algo = HashAlgo::kSha256;
   std::string hash_seed;  // resolved (ResolveNoneHashSeed)
+  // Every scheduler step waits for the file tier's jobs, and no background step loop runs: the
+  // same requests give the same figures run after run (`kvo demo --tour`). Off: the file tier's
+  // writes go on between requests, as in a serving engine (`kvo sim`).
+  bool synchronous_steps = false;
 };
 
 // The media of /kvo/state.
@@ -61,6 +66,8 @@ struct EngineCounters {
   uint64_t events_published = 0;  // block hashes (+1 per clear) published, GPU and offload events
   uint64_t gpu_blocks_used = 0, gpu_blocks_total = 0;
   uint64_t resets = 0;
+  uint64_t deferred_steps = 0;  // scheduler steps a prefix lookup waited on the file tier
+  uint64_t cpu_evictions = 0;   // the offload manager's CPU-tier evictions (since its restart)
 };
 
 struct EngineState {
@@ -90,6 +97,10 @@ class SimEngine {
   Result<ServeResult> Serve(const std::vector<uint32_t>& tokens, const std::string& req_id);
   // POST /reset_prefix_cache: the GPU prefix cache is emptied (AllBlocksCleared).
   Status ResetPrefixCache();
+  // The offload manager restarts: a new one recovers from the event journal (the CPU rows are
+  // lost and announced removed; the file tier is reconciled with its directory). The GPU prefix
+  // cache is kept.
+  Status RestartOffloadManager();
 
   const SimEngineOptions& options() const;
   EngineState State();
@@ -99,6 +110,8 @@ class SimEngine {
   std::string PrometheusText();  // the offload stack's metrics (vLLM's names)
   // Waits until every event published so far is journaled and sent.
   void FlushEvents();
+  // The publisher's next sequence number (unset before its first batch).
+  std::optional<uint64_t> NextEventSeq();
 
   struct Impl;
 

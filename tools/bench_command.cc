@@ -2,8 +2,11 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
@@ -16,7 +19,7 @@ namespace {
 
 // `kvo bench python`: the Python package's benchmark (python/kvo/bench.py) in the interpreter the
 // extension was built for, with the build tree's package on PYTHONPATH.
-int RunPythonBench(const bench::BenchOptions& options) {
+ExitCode RunPythonBench(const bench::BenchOptions& options) {
 #if defined(KVO_PYTHON_EXECUTABLE) && defined(KVO_PYTHON_PATH)
   std::string path = KVO_PYTHON_PATH;
   if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0') {
@@ -36,22 +39,44 @@ int RunPythonBench(const bench::BenchOptions& options) {
   argv.push_back(nullptr);
   pid_t pid = 0;
   if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    Fail(Status::IOError("bench python: cannot start " + args[0]));
-    return 1;
+    return Status::IOError("bench python: cannot start " + args[0]);
   }
   int status = 0;
   if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status)) return 1;
   return WEXITSTATUS(status);
 #else
   (void)options;
-  Fail(Status::Unavailable("bench python: kvo was built without the Python package (python/)"));
-  return 1;
+  return Status::Unavailable("bench python: kvo was built without the Python package (python/)");
 #endif
+}
+
+// The area's own cases, then the cases registered for it (the CUDA engine's); exit status 1 when
+// any failed.
+ExitCode RunBench(const std::string& area, bench::BenchOptions options) {
+  // The areas with cases of their own, in the order `kvo bench --help` names them.
+  static const std::pair<const char*, int (*)(const bench::BenchOptions&)> kAreas[] = {
+      {"events", bench::RunEventsBench},   {"journal", bench::RunJournalBench},
+      {"manager", bench::RunManagerBench}, {"transfer", bench::RunTransferBench},
+      {"fs", bench::RunFsBench},           {"indexer", bench::RunIndexerBench},
+      {"route", bench::RunRouteBench},
+  };
+  if (options.quick) options.seconds_per_case = std::min(options.seconds_per_case, 0.1);
+  if (area == "python") return RunPythonBench(options);
+  const auto* own = std::find_if(std::begin(kAreas), std::end(kAreas),
+                                 [&](const auto& a) { return area == a.first; });
+  if (own == std::end(kAreas) && !bench::HasRegisteredBenchCases(area)) {
+    return Status::InvalidArgument(
+        "unknown bench area '" + area +
+        "' (available: events, journal, manager, transfer, fs, indexer, route, python)");
+  }
+  int code = own != std::end(kAreas) ? own->second(options) : 0;
+  if (bench::RunRegisteredBenchCases(area, options) != 0) code = 1;
+  return code;
 }
 
 }  // namespace
 
-void AddBenchCommand(CLI::App& app) {
+void AddBenchCommand(CLI::App& app, CommandTable& commands) {
   auto* cmd = app.add_subcommand("bench", "Measure kvo against same-run baselines");
   auto area = std::make_shared<std::string>();
   auto options = std::make_shared<bench::BenchOptions>();
@@ -65,32 +90,7 @@ void AddBenchCommand(CLI::App& app) {
                   "pubsub, lag, restart, journal; indexer: ingest, score, router)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
       ->capture_default_str();
-  cmd->callback([area, options] {
-    if (options->quick) options->seconds_per_case = std::min(options->seconds_per_case, 0.1);
-    if (*area == "events") {
-      SetExitCode(bench::RunEventsBench(*options));
-    } else if (*area == "journal") {
-      SetExitCode(bench::RunJournalBench(*options));
-    } else if (*area == "manager") {
-      SetExitCode(bench::RunManagerBench(*options));
-    } else if (*area == "transfer") {
-      SetExitCode(bench::RunTransferBench(*options));
-    } else if (*area == "fs") {
-      SetExitCode(bench::RunFsBench(*options));
-    } else if (*area == "indexer") {
-      SetExitCode(bench::RunIndexerBench(*options));
-    } else if (*area == "route") {
-      SetExitCode(bench::RunRouteBench(*options));
-    } else if (*area == "python") {
-      SetExitCode(RunPythonBench(*options));
-      return;
-    } else if (!bench::HasRegisteredBenchCases(*area)) {
-      Fail(Status::InvalidArgument(
-          "unknown bench area '" + *area +
-          "' (available: events, journal, manager, transfer, fs, indexer, route, python)"));
-    }
-    if (bench::RunRegisteredBenchCases(*area, *options) != 0) SetExitCode(1);
-  });
+  commands.Add(cmd, [area, options] { return RunBench(*area, *options); });
 }
 
 }  // namespace kvo::cli

@@ -64,22 +64,15 @@ Result<std::string> MakeWorkdir(const std::string& wanted) {
   return tmpl;
 }
 
-int RunProcessDemo(DemoArgs& a) {
-  if (Status s = Supervisor::InstallSignalHandlers(); !s.ok()) {
-    Fail(s);
-    return 1;
-  }
-  auto self = SelfPath();
-  if (!self.ok()) {
-    Fail(self.status());
-    return 1;
-  }
+ExitCode RunProcessDemo(DemoArgs& a) {
+  KVO_RETURN_IF_ERROR(Supervisor::InstallSignalHandlers());
+  KVO_ASSIGN_OR_RETURN(std::string self, SelfPath());
   auto dir = MakeWorkdir(a.workdir);
   if (!dir.ok()) {
-    Fail(dir.status());
-    return 2;
+    ReportError(dir.status());
+    return 2;  // the working directory is the user's to fix
   }
-  a.options.kvo_binary = *self;
+  a.options.kvo_binary = self;
   a.options.workdir = *dir;
   if (!a.policies.empty()) a.options.policies = a.policies;
   a.options.progress = stderr;
@@ -103,8 +96,7 @@ int RunProcessDemo(DemoArgs& a) {
     std::ofstream f(a.svg, std::ios::trunc);
     f << demo::RenderSvg(*report);
     if (!f.good()) {
-      Fail(Status::IOError("--svg " + a.svg + ": cannot write"));
-      return 1;
+      return Status::IOError("--svg " + a.svg + ": cannot write");
     }
     std::fprintf(stderr, "kvo demo: wrote %s\n", a.svg.c_str());
   }
@@ -120,7 +112,7 @@ int RunProcessDemo(DemoArgs& a) {
 
 }  // namespace
 
-void AddDemoCommand(CLI::App& app) {
+void AddDemoCommand(CLI::App& app, CommandTable& commands) {
   auto* cmd = app.add_subcommand(
       "demo",
       "Run the deployment as processes: kvo index serve, N x kvo sim, kvo route, then kvo load "
@@ -174,13 +166,12 @@ void AddDemoCommand(CLI::App& app) {
                   "extra argument for every kvo sim (repeatable), e.g. --sim-arg=--gpu-blocks=64");
   cmd->add_option("--route-arg", a->options.route_args, "extra argument for kvo route");
   cmd->add_option("--load-arg", a->options.load_args, "extra argument for kvo load");
-  cmd->callback([a] {
+  commands.Add(cmd, [a]() -> ExitCode {
     if (a->tour) {
-      Status s = RunTour(a->batches, a->json);
-      if (!s.ok()) Fail(s);
-      return;
+      KVO_RETURN_IF_ERROR(RunTour(a->batches, a->json));
+      return 0;
     }
-    SetExitCode(RunProcessDemo(*a));
+    return RunProcessDemo(*a);
   });
 }
 

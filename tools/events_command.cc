@@ -4,7 +4,6 @@
 //   journal  prints the records of a journal directory.
 // JSON lines use events/event_json.h's form; stdout carries only data, notices go to stderr.
 #include <signal.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include <nlohmann/json.hpp>
@@ -24,17 +23,11 @@
 
 #include "common/logging.h"
 #include "events/events.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
 namespace {
-
-// Writes one line to stdout and flushes it: consumers read the output through a pipe.
-void PrintLine(const std::string& line) {
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
 
 // nlohmann_json for the small status objects; its exceptions stop here.
 void PrintJsonLine(FILE* out, const nlohmann::ordered_json& j) {
@@ -47,29 +40,6 @@ void PrintJsonLine(FILE* out, const nlohmann::ordered_json& j) {
   line += '\n';
   std::fwrite(line.data(), 1, line.size(), out);
   std::fflush(out);
-}
-
-Result<std::string> ReadWholeFile(const std::string& path, const char* what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
-                                   "': " + std::strerror(errno));
-  }
-  if (S_ISDIR(st.st_mode)) {
-    return Status::InvalidArgument(std::string(what) + " '" + path +
-                                   "' is a directory, not a file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return Status::InvalidArgument(std::string("cannot open ") + what + " '" + path +
-                                   "': " + std::strerror(errno));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) {
-    return Status::IOError(std::string("cannot read ") + what + " '" + path + "'");
-  }
-  return ss.str();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -184,7 +154,7 @@ Result<std::vector<EventBatch>> ReadBatches(const std::string& path) {
     ss << std::cin.rdbuf();
     text = ss.str();
   } else {
-    KVO_ASSIGN_OR_RETURN(text, ReadWholeFile(path, "--input"));
+    KVO_ASSIGN_OR_RETURN(text, ReadInputFile(path, "--input"));
   }
   std::vector<EventBatch> batches;
   size_t line_no = 0;
@@ -206,37 +176,10 @@ Result<std::vector<EventBatch>> ReadBatches(const std::string& path) {
   return batches;
 }
 
-// Blocks SIGINT and SIGTERM in this thread and in every thread started after it, so that the
-// linger wait can take them with sigtimedwait and shut down cleanly.
-sigset_t BlockTerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
-// Waits up to `ms` or until SIGINT/SIGTERM arrives. Returns the signal, or 0 on timeout.
-int LingerUntilSignal(const sigset_t& set, int64_t ms) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (true) {
-    auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return 0;
-    timespec ts{};
-    ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
-    ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
-    int sig = sigtimedwait(&set, nullptr, &ts);
-    if (sig > 0) return sig;
-    if (errno != EINTR && errno != EAGAIN) return 0;
-  }
-}
-
 Status RunPublish(const PublishArgs& args) {
   std::string config_json = args.config;
   if (!config_json.empty() && config_json[0] == '@') {
-    KVO_ASSIGN_OR_RETURN(config_json, ReadWholeFile(config_json.substr(1), "--kv-events-config"));
+    KVO_ASSIGN_OR_RETURN(config_json, ReadInputFile(config_json.substr(1), "--kv-events-config"));
   }
   Result<KvEventsConfig> parsed = ParseKvEventsConfig(config_json);
   if (!parsed.ok()) return parsed.status().WithContext("--kv-events-config");
@@ -322,7 +265,8 @@ struct JournalArgs {
   bool json = false;
 };
 
-Status RunJournal(const JournalArgs& args) {
+// Exit status 1 when a record does not decode (each is named on stderr).
+ExitCode RunJournal(const JournalArgs& args) {
   JournalOptions options;
   options.dir = args.dir;
   options.read_only = true;
@@ -346,14 +290,14 @@ Status RunJournal(const JournalArgs& args) {
   if (failed > 0) {
     std::fprintf(stderr, "kvo: %llu journal records failed to decode\n",
                  static_cast<unsigned long long>(failed));
-    SetExitCode(1);
+    return 1;
   }
-  return Status::Ok();
+  return 0;
 }
 
 }  // namespace
 
-void AddEventsCommands(CLI::App& app) {
+void AddEventsCommands(CLI::App& app, CommandTable& commands) {
   CLI::App* events = app.add_subcommand("events", "KV-event bus: tail, publish, journal");
   events->require_subcommand(1);
 
@@ -374,10 +318,7 @@ void AddEventsCommands(CLI::App& app) {
   tail->add_option("--replay-timeout-ms", tail_args->replay_timeout_ms,
                    "how long to wait for a replay's end marker before reporting a gap")
       ->capture_default_str();
-  tail->callback([tail_args] {
-    Status s = RunTail(*tail_args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(tail, [tail_args] { return RunTail(*tail_args); });
 
   auto publish_args = std::make_shared<PublishArgs>();
   CLI::App* publish = events->add_subcommand(
@@ -396,10 +337,7 @@ void AddEventsCommands(CLI::App& app) {
       ->capture_default_str();
   publish->add_option("--dp-rank", publish_args->dp_rank, "data-parallel rank (offsets ports)")
       ->capture_default_str();
-  publish->callback([publish_args] {
-    Status s = RunPublish(*publish_args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(publish, [publish_args] { return RunPublish(*publish_args); });
 
   auto journal_args = std::make_shared<JournalArgs>();
   CLI::App* journal =
@@ -408,10 +346,7 @@ void AddEventsCommands(CLI::App& app) {
   journal->add_option("--from-seq", journal_args->from_seq, "first sequence to print")
       ->capture_default_str();
   journal->add_flag("--json", journal_args->json, "one JSON object per record (default: text)");
-  journal->callback([journal_args] {
-    Status s = RunJournal(*journal_args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.Add(journal, [journal_args] { return RunJournal(*journal_args); });
 }
 
 }  // namespace kvo::cli

@@ -29,17 +29,15 @@ struct FsArgs {
   uint64_t block_bytes = 0;
 };
 
-void Run(const std::string& mode, const FsArgs& args) {
+// Exit status 1 when verify finds a corrupt or ambiguous block.
+ExitCode Run(const std::string& mode, const FsArgs& args) {
   FsInspectOptions o;
   o.verify = mode == "verify";
   o.remove_corrupt = args.remove_corrupt;
   o.list_blocks = args.blocks;
   o.block_bytes = args.block_bytes;
-  auto report = InspectFsRoot(args.root_dir, o);
-  if (!report.ok()) {
-    Fail(report.status());
-    return;
-  }
+  KVO_ASSIGN_OR_RETURN(FsRootReport report_value, InspectFsRoot(args.root_dir, o));
+  const FsRootReport* report = &report_value;
   if (mode == "du") {
     if (args.json) {
       nlohmann::ordered_json j;
@@ -71,19 +69,19 @@ void Run(const std::string& mode, const FsArgs& args) {
                   static_cast<unsigned long long>(report->disk_bytes),
                   static_cast<unsigned long long>(report->blocks));
     }
-    return;
+    return 0;
   }
   if (args.json) {
     std::printf("%s\n", FsRootReportJson(*report, args.blocks).c_str());
   } else {
     std::printf("%s", FsRootReportText(*report, args.blocks).c_str());
   }
-  if (o.verify && (report->corrupt > 0 || report->ambiguous)) SetExitCode(1);
+  return o.verify && (report->corrupt > 0 || report->ambiguous) ? 1 : 0;
 }
 
 }  // namespace
 
-void AddFsCommand(CLI::App& app) {
+void AddFsCommand(CLI::App& app, CommandTable& commands) {
   auto* fs = app.add_subcommand("fs", "Inspect a file-tier root directory (vLLM layout)");
   fs->require_subcommand(1);
   for (const char* mode : {"scan", "verify", "du"}) {
@@ -102,7 +100,7 @@ void AddFsCommand(CLI::App& app) {
           ->check(CLI::PositiveNumber);
     }
     std::string m = mode;
-    sub->callback([m, args] { Run(m, *args); });
+    commands.Add(sub, [m, args] { return Run(m, *args); });
   }
 }
 

@@ -26,6 +26,7 @@
 #include "common/status.h"
 #include "events/block_hash.h"
 #include "events/event_json.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -131,7 +132,7 @@ Status RunHash(const HashArgs& args, bool have_seed, bool have_tokens) {
 
 }  // namespace
 
-void AddHashCommand(CLI::App& app) {
+void AddHashCommand(CLI::App& app, CommandTable& commands) {
   auto args = std::make_shared<HashArgs>();
   CLI::App* cmd = app.add_subcommand(
       "hash",
@@ -153,10 +154,8 @@ void AddHashCommand(CLI::App& app) {
                   "integers, {\"bytes\":\"<hex>\"} and nested arrays (tuples); entries past the "
                   "last full block are ignored");
   cmd->add_flag("--json", args->json, "one JSON object per block");
-  cmd->callback([args, seed, tokens] {
-    const Status status = RunHash(*args, seed->count() > 0, tokens->count() > 0);
-    if (!status.ok()) Fail(status);
-  });
+  commands.AddStatus(
+      cmd, [args, seed, tokens] { return RunHash(*args, seed->count() > 0, tokens->count() > 0); });
 }
 
 }  // namespace kvo::cli

@@ -11,13 +11,12 @@
 
 #include <charconv>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/hex.h"
 #include "common/json.h"
+#include "common/json_fields.h"
 #include "common/logging.h"
 #include "events/events.h"
 #include "indexer/indexer.h"
@@ -26,6 +25,7 @@
 #include "indexer/service/http_api.h"
 #include "indexer/service/service.h"
 #include "indexer/service/sources_config.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -33,21 +33,7 @@ namespace {
 
 using OJson = nlohmann::ordered_json;
 
-void PrintOut(const std::string& s) {
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  if (s.empty() || s.back() != '\n') std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
-
 std::string Dump(const OJson& j) { return j.dump(-1, ' ', false, OJson::error_handler_t::replace); }
-
-Result<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidArgument("cannot open config file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // "1,2,3" -> ints (int64 for tokens; u64 or hex digests for hashes).
 Result<std::vector<int64_t>> ParseTokenList(const std::string& text) {
@@ -159,19 +145,10 @@ struct ServeArgs {
   int64_t memory_budget_mb = 0;
 };
 
-sigset_t BlockTerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
 Status RunServe(const ServeArgs& a) {
   IndexerConfig config;
   if (!a.config.empty()) {
-    KVO_ASSIGN_OR_RETURN(std::string text, ReadFile(a.config));
+    KVO_ASSIGN_OR_RETURN(std::string text, ReadInputFile(a.config, "config file"));
     KVO_ASSIGN_OR_RETURN(config, ParseIndexerConfig(text, a.config));
   }
   for (const std::string& flag : a.sources) {
@@ -205,17 +182,16 @@ Status RunServe(const ServeArgs& a) {
   ready["db"] = config.db;
   ready["sources"] = config.sources.size();
   ready["discover"] = config.discover.size();
-  PrintOut(Dump(ready));
+  PrintLine(Dump(ready));
   KVO_LOG_INFO("kvo index serve: listening on port {}, {} sources", service->http_port(),
                config.sources.size());
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForTerminationSignal(signals);
   KVO_LOG_INFO("kvo index serve: signal {}, shutting down", sig);
   service->Stop();
   OJson stopped;
   stopped["event"] = "stopped";
   stopped["signal"] = sig;
-  PrintOut(Dump(stopped));
+  PrintLine(Dump(stopped));
   return Status::Ok();
 }
 
@@ -231,7 +207,7 @@ Status RunQuery(const ClientArgs& c, const QueryArgs& a, bool explain) {
   KVO_ASSIGN_OR_RETURN(ScoreQuery q, BuildQuery(a));
   KVO_ASSIGN_OR_RETURN(IndexerClient client, IndexerClient::Create(c.http, c.timeout_ms));
   KVO_ASSIGN_OR_RETURN(std::string body, explain ? client.ExplainJson(q) : client.ScoreJson(q));
-  PrintOut(body);
+  PrintLine(body);
   return Status::Ok();
 }
 
@@ -266,7 +242,7 @@ OJson ReportJson(const ParityReport& r) {
 }
 
 // Exit status: 0 parity ok, 1 mismatch, 3 nothing verifiable seen.
-Status RunDoctor(const DoctorArgs& a) {
+ExitCode RunDoctor(const DoctorArgs& a) {
   if (a.http.empty() == a.endpoint.empty()) {
     return Status::InvalidArgument("give exactly one of --http (a running daemon) or --endpoint");
   }
@@ -292,9 +268,8 @@ Status RunDoctor(const DoctorArgs& a) {
                      s["hash_parity"]["detail"].get<std::string>().c_str());
       }
     }
-    PrintOut(Dump(out));
-    SetExitCode(code);
-    return Status::Ok();
+    PrintLine(Dump(out));
+    return code;
   }
   HashParityConfig cfg;
   KVO_ASSIGN_OR_RETURN(cfg.algo, ParseHashAlgo(a.algo));
@@ -327,16 +302,17 @@ Status RunDoctor(const DoctorArgs& a) {
   out["algo"] = HashAlgoName(cfg.algo);
   out["seed"] = cfg.seed;
   out["block_size"] = cfg.block_size;
-  PrintOut(Dump(out));
+  PrintLine(Dump(out));
   if (r.state == ParityState::kMismatch) {
     std::fprintf(stderr, "kvo: hash parity MISMATCH (%s): %s\n", r.cause.c_str(), r.detail.c_str());
-    SetExitCode(1);
-  } else if (r.state != ParityState::kOk) {
+    return 1;
+  }
+  if (r.state != ParityState::kOk) {
     std::fprintf(stderr, "kvo: no self-describing block verified within %lld ms\n",
                  static_cast<long long>(a.timeout_ms));
-    SetExitCode(3);
+    return 3;
   }
-  return Status::Ok();
+  return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -351,25 +327,43 @@ Result<std::unique_ptr<Indexer>> OpenReadOnly(const std::string& db) {
 }
 
 Status RunStats(const std::string& db) {
+  static const JsonFields<IndexerStats> kStats = {
+      {"schema_version", &IndexerStats::schema_version},
+      {"blocks_in_memory", &IndexerStats::blocks_in_memory},
+      {"entries_in_memory", &IndexerStats::entries_in_memory},
+      {"memory_bytes", &IndexerStats::memory_bytes},
+      {"memory_budget_bytes", &IndexerStats::memory_budget_bytes},
+      {"log_rows_pending", &IndexerStats::log_rows_pending},
+      {"sqlite_bytes", &IndexerStats::sqlite_bytes},
+  };
+  static const JsonFields<StreamStats> kStream = {
+      {"source", &StreamStats::source},
+      {"dp_rank", &StreamStats::dp_rank},
+      {"last_sequence",
+       [](const StreamStats& st) { return st.has_seq ? OJson(st.last_seq) : OJson(); }},
+      {"durable_sequence",
+       [](const StreamStats& st) { return st.has_seq ? OJson(st.durable_seq) : OJson(); }},
+      {"last_event_ts", &StreamStats::last_event_ts},
+  };
+  static const JsonFields<IndexerCounters> kCounters = {
+      {"batches_applied", &IndexerCounters::batches_applied},
+      {"stores", &IndexerCounters::stores},
+      {"duplicate_stores", &IndexerCounters::duplicate_stores},
+      {"removals", &IndexerCounters::removals},
+      {"unknown_removals", &IndexerCounters::unknown_removals},
+      {"clears", &IndexerCounters::clears},
+      {"placeholders_resolved", &IndexerCounters::placeholders_resolved},
+      {"placeholders_unresolved", &IndexerCounters::placeholders_unresolved},
+      {"dropped_by_budget", &IndexerCounters::dropped_by_budget},
+  };
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<Indexer> index, OpenReadOnly(db));
   IndexerStats s = index->Stats();
   OJson j;
   j["db"] = db;
-  j["schema_version"] = s.schema_version;
-  j["blocks_in_memory"] = s.blocks_in_memory;
-  j["entries_in_memory"] = s.entries_in_memory;
-  j["memory_bytes"] = s.memory_bytes;
-  j["memory_budget_bytes"] = s.memory_budget_bytes;
-  j["log_rows_pending"] = s.log_rows_pending;
-  j["sqlite_bytes"] = s.sqlite_bytes;
+  kStats.AppendTo(s, &j);
   OJson streams = OJson::array();
   for (const StreamStats& st : s.streams) {
-    OJson x;
-    x["source"] = st.source;
-    x["dp_rank"] = st.dp_rank;
-    x["last_sequence"] = st.has_seq ? OJson(st.last_seq) : OJson();
-    x["durable_sequence"] = st.has_seq ? OJson(st.durable_seq) : OJson();
-    x["last_event_ts"] = st.last_event_ts;
+    OJson x = kStream.ToJson(st);
     OJson media = OJson::object();
     for (const MediumStats& m : s.per_medium) {
       if (m.source == st.source && m.dp_rank == st.dp_rank) media[m.medium] = m.blocks;
@@ -378,19 +372,8 @@ Status RunStats(const std::string& db) {
     streams.push_back(std::move(x));
   }
   j["streams"] = std::move(streams);
-  const IndexerCounters& c = s.counters;
-  OJson counters;
-  counters["batches_applied"] = c.batches_applied;
-  counters["stores"] = c.stores;
-  counters["duplicate_stores"] = c.duplicate_stores;
-  counters["removals"] = c.removals;
-  counters["unknown_removals"] = c.unknown_removals;
-  counters["clears"] = c.clears;
-  counters["placeholders_resolved"] = c.placeholders_resolved;
-  counters["placeholders_unresolved"] = c.placeholders_unresolved;
-  counters["dropped_by_budget"] = c.dropped_by_budget;
-  j["counters"] = std::move(counters);
-  PrintOut(Dump(j));
+  j["counters"] = kCounters.ToJson(s.counters);
+  PrintLine(Dump(j));
   return Status::Ok();
 }
 
@@ -410,7 +393,7 @@ Status RunDump(const std::string& db, const std::string& source, int64_t limit) 
     j["block_size"] = e.block_size;
     j["refcount"] = e.refcount;
     j["since_seq"] = e.since_seq;
-    PrintOut(Dump(j));
+    PrintLine(Dump(j));
     ++n;
     return limit <= 0 || n < limit;
   });
@@ -426,7 +409,7 @@ Status RunExplain(const std::string& db, const QueryArgs& a, bool json) {
   int64_t tokens = q.token_ids.empty() ? r.score.query_blocks * r.score.block_size
                                        : static_cast<int64_t>(q.token_ids.size());
   if (json) {
-    PrintOut(RenderExplainResponse(r, tokens));
+    PrintLine(RenderExplainResponse(r, tokens));
     return Status::Ok();
   }
   std::string out;
@@ -470,13 +453,13 @@ Status RunExplain(const std::string& db, const QueryArgs& a, bool json) {
                   s.score, media.empty() ? "-" : media.c_str());
     out += line + why + "\n";
   }
-  PrintOut(out);
+  PrintLine(out);
   return Status::Ok();
 }
 
 }  // namespace
 
-void AddIndexCommands(CLI::App& app) {
+void AddIndexCommands(CLI::App& app, CommandTable& commands) {
   CLI::App* index = app.add_subcommand(
       "index",
       "Prefix indexer: serve, query, doctor, and audit an index file (stats, dump, explain)");
@@ -509,10 +492,7 @@ void AddIndexCommands(CLI::App& app) {
                     "reject /v1/score and /query requests with more tokens (default 1048576)");
   serve->add_option("--memory-budget-mb", serve_args->memory_budget_mb,
                     "byte budget of the in-memory index, MiB (default 1024)");
-  serve->callback([serve_args] {
-    Status s = RunServe(*serve_args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(serve, [serve_args] { return RunServe(*serve_args); });
 
   auto client_args = std::make_shared<ClientArgs>();
   auto query_args = std::make_shared<QueryArgs>();
@@ -523,9 +503,8 @@ void AddIndexCommands(CLI::App& app) {
       ->capture_default_str();
   query->add_flag("--explain", *explain_http, "POST /v1/explain instead");
   AddQueryOptions(query, query_args.get());
-  query->callback([client_args, query_args, explain_http] {
-    Status s = RunQuery(*client_args, *query_args, *explain_http);
-    if (!s.ok()) Fail(s);
+  commands.AddStatus(query, [client_args, query_args, explain_http] {
+    return RunQuery(*client_args, *query_args, *explain_http);
   });
 
   auto doctor_args = std::make_shared<DoctorArgs>();
@@ -550,18 +529,12 @@ void AddIndexCommands(CLI::App& app) {
       ->capture_default_str();
   doctor->add_option("--timeout-ms", doctor_args->timeout_ms, "give up after this long")
       ->capture_default_str();
-  doctor->callback([doctor_args] {
-    Status s = RunDoctor(*doctor_args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.Add(doctor, [doctor_args] { return RunDoctor(*doctor_args); });
 
   auto db_stats = std::make_shared<std::string>();
   CLI::App* stats = index->add_subcommand("stats", "Summarise an index file (JSON)");
   stats->add_option("--db", *db_stats, "SQLite index file")->required();
-  stats->callback([db_stats] {
-    Status s = RunStats(*db_stats);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(stats, [db_stats] { return RunStats(*db_stats); });
 
   auto dump_db = std::make_shared<std::string>();
   auto dump_source = std::make_shared<std::string>();
@@ -570,9 +543,8 @@ void AddIndexCommands(CLI::App& app) {
   dump->add_option("--db", *dump_db, "SQLite index file")->required();
   dump->add_option("--source", *dump_source, "only this source");
   dump->add_option("--limit", *dump_limit, "at most this many entries");
-  dump->callback([dump_db, dump_source, dump_limit] {
-    Status s = RunDump(*dump_db, *dump_source, *dump_limit);
-    if (!s.ok()) Fail(s);
+  commands.AddStatus(dump, [dump_db, dump_source, dump_limit] {
+    return RunDump(*dump_db, *dump_source, *dump_limit);
   });
 
   auto explain_db = std::make_shared<std::string>();
@@ -585,9 +557,8 @@ void AddIndexCommands(CLI::App& app) {
   explain->add_option("--db", *explain_db, "SQLite index file")->required();
   explain->add_flag("--json", *explain_json, "JSON instead of a table");
   AddQueryOptions(explain, explain_args.get());
-  explain->callback([explain_db, explain_args, explain_json] {
-    Status s = RunExplain(*explain_db, *explain_args, *explain_json);
-    if (!s.ok()) Fail(s);
+  commands.AddStatus(explain, [explain_db, explain_args, explain_json] {
+    return RunExplain(*explain_db, *explain_args, *explain_json);
   });
 }
 

@@ -1,23 +1,8 @@
 // kvo: the command line of the KV-cache offload manager.
-#include <cstdio>
 #include <string>
 
 #include "common/logging.h"
 #include "tools/commands.h"
-
-namespace kvo::cli {
-namespace {
-int g_exit_code = 0;
-}  // namespace
-
-void SetExitCode(int code) { g_exit_code = code; }
-
-void Fail(const Status& status) {
-  std::fprintf(stderr, "kvo: %s\n", status.ToString().c_str());
-  SetExitCode(status.code() == StatusCode::kInvalidArgument ? 2 : 1);
-}
-
-}  // namespace kvo::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"kvo: KV-cache offload manager, KV-event bus and prefix indexer"};
@@ -27,18 +12,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.parse_complete_callback([&] { kvo::SetLogLevel(log_level); });
 
-  kvo::cli::AddEventsCommands(app);
-  kvo::cli::AddHashCommand(app);
-  kvo::cli::AddBenchCommand(app);
-  kvo::cli::AddDemoCommand(app);
-  kvo::cli::AddPlanCommand(app);
-  kvo::cli::AddManagerCommand(app);
-  kvo::cli::AddFsCommand(app);
-  kvo::cli::AddIndexCommands(app);
-  kvo::cli::AddRouteCommand(app);
-  kvo::cli::AddSimCommand(app);
-  kvo::cli::AddLoadCommand(app);
+  kvo::cli::CommandTable commands;
+  kvo::cli::AddEventsCommands(app, commands);
+  kvo::cli::AddHashCommand(app, commands);
+  kvo::cli::AddBenchCommand(app, commands);
+  kvo::cli::AddDemoCommand(app, commands);
+  kvo::cli::AddPlanCommand(app, commands);
+  kvo::cli::AddManagerCommand(app, commands);
+  kvo::cli::AddFsCommand(app, commands);
+  kvo::cli::AddIndexCommands(app, commands);
+  kvo::cli::AddRouteCommand(app, commands);
+  kvo::cli::AddSimCommand(app, commands);
+  kvo::cli::AddLoadCommand(app, commands);
 
   CLI11_PARSE(app, argc, argv);
-  return kvo::cli::g_exit_code;
+  return commands.RunParsed();
 }

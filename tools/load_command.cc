@@ -23,6 +23,7 @@
 
 #include "http/http_server.h"
 #include "openai/openai.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -241,7 +242,8 @@ Record Send(const HttpAddress& target, const LoadArgs& a, const Request& r, Cloc
   return rec;
 }
 
-Status RunLoad(const LoadArgs& a) {
+// Exit status 1 when a request failed.
+ExitCode RunLoad(const LoadArgs& a) {
   if (a.target.empty())
     return Status::InvalidArgument("--target is required (e.g. http://127.0.0.1:8000)");
   KVO_ASSIGN_OR_RETURN(HttpAddress target, ParseHttpUrl(a.target));
@@ -432,14 +434,14 @@ Status RunLoad(const LoadArgs& a) {
     std::fprintf(stderr, "kvo load: %llu of %zu requests failed; first: %s\n",
                  static_cast<unsigned long long>(errors), records.size(),
                  first_error.substr(0, 400).c_str());
-    SetExitCode(1);
+    return 1;
   }
-  return Status::Ok();
+  return 0;
 }
 
 }  // namespace
 
-void AddLoadCommand(CLI::App& app) {
+void AddLoadCommand(CLI::App& app, CommandTable& commands) {
   auto a = std::make_shared<LoadArgs>();
   CLI::App* load = app.add_subcommand(
       "load",
@@ -487,10 +489,7 @@ void AddLoadCommand(CLI::App& app) {
   load->add_option("--timeout-ms", a->timeout_ms, "connect and per-read timeout")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600000));
-  load->callback([a] {
-    Status s = RunLoad(*a);
-    if (!s.ok()) Fail(s);
-  });
+  commands.Add(load, [a] { return RunLoad(*a); });
 }
 
 }  // namespace kvo::cli

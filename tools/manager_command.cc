@@ -34,6 +34,7 @@
 #include "manager/offload_manager.h"
 #include "manager/ops_script.h"
 #include "manager/policy_table.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -90,7 +91,7 @@ Status RunOps(const OpsArgs& args, bool* bad_lines) {
 
 }  // namespace
 
-void AddManagerCommand(CLI::App& app) {
+void AddManagerCommand(CLI::App& app, CommandTable& commands) {
   CLI::App* manager = app.add_subcommand("manager", "Drive the offload manager");
   manager->require_subcommand(1);
   auto args = std::make_shared<OpsArgs>();
@@ -109,14 +110,10 @@ void AddManagerCommand(CLI::App& app) {
                   "keys whose lookups are counted for --store-threshold")
       ->capture_default_str();
   ops->add_option("--ops", args->ops, "the JSON-lines script ('-': stdin)")->required();
-  ops->callback([args] {
+  commands.Add(ops, [args]() -> ExitCode {
     bool bad_lines = false;
-    const Status s = RunOps(*args, &bad_lines);
-    if (!s.ok()) {
-      Fail(s);
-    } else if (bad_lines) {
-      SetExitCode(2);
-    }
+    KVO_RETURN_IF_ERROR(RunOps(*args, &bad_lines));
+    return bad_lines ? 2 : 0;
   });
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/planner.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -171,7 +172,7 @@ Status RunPlan(const PlanArgs& args) {
 
 }  // namespace
 
-void AddPlanCommand(CLI::App& app) {
+void AddPlanCommand(CLI::App& app, CommandTable& commands) {
   auto* cmd = app.add_subcommand(
       "plan", "Hit rate of a workload (Mooncake trace or kvo journal) against tier capacity");
   auto args = std::make_shared<PlanArgs>();
@@ -186,10 +187,7 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_flag("--json", args->json, "one JSON object per (policy, capacity), then the maximum");
   cmd->add_flag("--strict", args->strict, "a bad trace line is fatal instead of skipped");
   cmd->add_option("--svg", args->svg, "write a plot of hit rate against capacity");
-  cmd->callback([args] {
-    Status s = RunPlan(*args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(cmd, [args] { return RunPlan(*args); });
 }
 
 }  // namespace kvo::cli

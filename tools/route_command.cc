@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "http/http_server.h"
 #include "route/route.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -51,11 +52,7 @@ Status RunRoute(const RouteArgs& a) {
       auto engines, route::DiscoverEngines(a.engines, register_with, a.model, a.block_size, 5000));
   KVO_ASSIGN_OR_RETURN(auto router, route::Router::Create(options, engines));
 
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // threads started from here inherit the mask
+  const sigset_t signals = BlockTerminationSignals();  // threads started from here inherit it
   HttpServerOptions http;
   http.address = HttpAddress{a.host, a.port};
   http.worker_threads = a.workers;
@@ -81,8 +78,7 @@ Status RunRoute(const RouteArgs& a) {
   std::fflush(stdout);
   KVO_LOG_INFO("kvo route: listening on port {}, {} engines, policy {}", (*server)->port(),
                engines.size(), a.policy);
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForTerminationSignal(signals);
   KVO_LOG_INFO("kvo route: signal {}, shutting down", sig);
   (*server)->Stop();
   return Status::Ok();
@@ -90,7 +86,7 @@ Status RunRoute(const RouteArgs& a) {
 
 }  // namespace
 
-void AddRouteCommand(CLI::App& app) {
+void AddRouteCommand(CLI::App& app, CommandTable& commands) {
   auto args = std::make_shared<RouteArgs>();
   CLI::App* cmd = app.add_subcommand(
       "route",
@@ -135,10 +131,7 @@ void AddRouteCommand(CLI::App& app) {
   cmd->add_option("--timeout-ms", args->timeout_ms, "timeout of a forwarded request")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400000));
-  cmd->callback([args] {
-    Status s = RunRoute(*args);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(cmd, [args] { return RunRoute(*args); });
 }
 
 }  // namespace kvo::cli

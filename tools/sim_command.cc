@@ -20,6 +20,7 @@
 #include "events/kv_events_config.h"
 #include "sim/engine.h"
 #include "sim/server.h"
+#include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace kvo::cli {
@@ -126,15 +127,6 @@ std::string DefaultTransferConfig(const SimArgs& a, const std::string& workdir) 
   return j.dump();
 }
 
-sigset_t BlockTerminationSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  return set;
-}
-
 Status RunSim(SimArgs a) {
   if (a.port < 0 || a.port > 65535) return Status::InvalidArgument("--port must be 0-65535");
   if (a.gpu_blocks < 1) return Status::InvalidArgument("--gpu-blocks must be positive");
@@ -214,8 +206,7 @@ Status RunSim(SimArgs a) {
   std::printf("%s\n", ready.dump().c_str());
   std::fflush(stdout);
   KVO_LOG_INFO("kvo sim {}: listening on port {}", eo.instance_id, server->port());
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForTerminationSignal(signals);
   KVO_LOG_INFO("kvo sim: signal {}, shutting down", sig);
   server->Stop();
   engine.reset();
@@ -228,7 +219,7 @@ Status RunSim(SimArgs a) {
 
 }  // namespace
 
-void AddSimCommand(CLI::App& app) {
+void AddSimCommand(CLI::App& app, CommandTable& commands) {
   auto a = std::make_shared<SimArgs>();
   CLI::App* sim = app.add_subcommand(
       "sim",
@@ -273,10 +264,7 @@ void AddSimCommand(CLI::App& app) {
   sim->add_option("--hash-seed", a->hash_seed,
                   "PYTHONHASHSEED (unset: vLLM's default for sha256*, required for xxhash*)");
   sim->add_option("--seed", a->seed, "seed of the generated text")->capture_default_str();
-  sim->callback([a] {
-    Status s = RunSim(*a);
-    if (!s.ok()) Fail(s);
-  });
+  commands.AddStatus(sim, [a] { return RunSim(*a); });
 }
 
 }  // namespace kvo::cli

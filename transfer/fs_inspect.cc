@@ -9,6 +9,7 @@
 
 #include "common/hex.h"
 #include "common/json.h"
+#include "common/json_fields.h"
 #include "transfer/fs_file.h"
 
 namespace kvo {
@@ -219,53 +220,70 @@ Result<FsRootReport> InspectFsRoot(const std::string& root_dir, const FsInspectO
   return report;
 }
 
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// {"<key>": count} with the map's keys as strings.
+template <typename K>
+Json CountsJson(const std::map<K, uint64_t>& counts) {
+  Json out = Json::object();
+  for (const auto& [k, c] : counts) out[std::to_string(k)] = c;
+  return out;
+}
+
+const JsonFields<FsRankReport>& RankFields() {
+  static const JsonFields<FsRankReport> fields = {
+      {"dir", &FsRankReport::dir},
+      {"rank", &FsRankReport::rank},
+      {"blocks", &FsRankReport::blocks},
+      {"bytes", &FsRankReport::bytes},
+      {"disk_bytes", &FsRankReport::disk_bytes},
+      {"temp_files", &FsRankReport::temp_files},
+      {"blocks_per_group", [](const FsRankReport& r) { return CountsJson(r.blocks_per_group); }},
+      {"blocks_per_size", [](const FsRankReport& r) { return CountsJson(r.blocks_per_size); }},
+      {"verified", &FsRankReport::verified},
+      {"unverified", &FsRankReport::unverified},
+      {"corrupt", &FsRankReport::corrupt},
+      {"misfiled", &FsRankReport::misfiled},
+      {"block_bytes", &FsRankReport::block_bytes},
+      {"problems", &FsRankReport::problems},
+  };
+  return fields;
+}
+
+}  // namespace
+
 std::string FsRootReportJson(const FsRootReport& report, bool with_blocks) {
-  using Json = nlohmann::ordered_json;
-  Json j;
-  j["root_dir"] = report.root_dir;
-  j["blocks"] = report.blocks;
-  j["bytes"] = report.bytes;
-  j["disk_bytes"] = report.disk_bytes;
-  j["corrupt"] = report.corrupt;
+  static const JsonFields<FsRootReport> kRoot = {
+      {"root_dir", &FsRootReport::root_dir}, {"blocks", &FsRootReport::blocks},
+      {"bytes", &FsRootReport::bytes},       {"disk_bytes", &FsRootReport::disk_bytes},
+      {"corrupt", &FsRootReport::corrupt},
+  };
+  static const JsonFields<FsNamespaceReport> kNamespace = {
+      {"name", &FsNamespaceReport::name},
+      {"model_name", &FsNamespaceReport::model_name},
+      {"has_config", &FsNamespaceReport::has_config},
+      {"digest_matches", &FsNamespaceReport::digest_matches},
+  };
+  Json j = kRoot.ToJson(report);
   Json nss = Json::array();
   for (const auto& n : report.namespaces) {
-    Json jn;
-    jn["name"] = n.name;
-    jn["model_name"] = n.model_name;
-    jn["has_config"] = n.has_config;
-    jn["digest_matches"] = n.digest_matches;
+    Json jn = kNamespace.ToJson(n);
     Json ranks = Json::array();
     for (const auto& r : n.ranks) {
-      Json jr;
-      jr["dir"] = r.dir;
-      jr["rank"] = r.rank;
-      jr["blocks"] = r.blocks;
-      jr["bytes"] = r.bytes;
-      jr["disk_bytes"] = r.disk_bytes;
-      jr["temp_files"] = r.temp_files;
-      Json groups = Json::object();
-      for (const auto& [g, c] : r.blocks_per_group) groups[std::to_string(g)] = c;
-      jr["blocks_per_group"] = groups;
-      Json sizes = Json::object();
-      for (const auto& [s, c] : r.blocks_per_size) sizes[std::to_string(s)] = c;
-      jr["blocks_per_size"] = sizes;
-      jr["verified"] = r.verified;
-      jr["unverified"] = r.unverified;
-      jr["corrupt"] = r.corrupt;
-      jr["misfiled"] = r.misfiled;
-      jr["block_bytes"] = r.block_bytes;
-      jr["problems"] = r.problems;
+      Json jr = RankFields().ToJson(r);
       if (with_blocks) {
         Json bl = Json::array();
         for (const auto& k : r.blocks_list) bl.push_back({{"hash", k.hex}, {"group", k.group}});
         jr["block_list"] = bl;
       }
-      ranks.push_back(jr);
+      ranks.push_back(std::move(jr));
     }
-    jn["ranks"] = ranks;
-    nss.push_back(jn);
+    jn["ranks"] = std::move(ranks);
+    nss.push_back(std::move(jn));
   }
-  j["namespaces"] = nss;
+  j["namespaces"] = std::move(nss);
   j["problems"] = report.problems;
   return j.dump();
 }
