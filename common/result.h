@@ -48,10 +48,12 @@ class [[nodiscard]] Result {
 
 #define KVO_CONCAT_INNER_(a, b) a##b
 #define KVO_CONCAT_(a, b) KVO_CONCAT_INNER_(a, b)
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` is a declaration (auto x), never an expression.
 #define KVO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.status();              \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 // KVO_ASSIGN_OR_RETURN(auto x, MakeX()); returns the Status from the enclosing function on error.
 #define KVO_ASSIGN_OR_RETURN(lhs, expr) \
   KVO_ASSIGN_OR_RETURN_IMPL_(KVO_CONCAT_(kvo_result_, __LINE__), lhs, expr)

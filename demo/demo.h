@@ -68,6 +68,7 @@ struct MediumCheck {
   bool equal() const { return only_engine == 0 && only_index == 0; }
 };
 
+// NOLINTNEXTLINE(bugprone-exception-escape): nlohmann::json members' implicit moves.
 struct PolicyRun {
   std::string policy;
   std::string dir;         // this run's files and logs

@@ -42,7 +42,8 @@ struct EventStream {
   std::string source;
   int64_t dp_rank = 0;
   friend bool operator==(const EventStream&, const EventStream&) = default;
-  friend auto operator<=>(const EventStream&, const EventStream&) = default;
+  friend auto operator<=>(const EventStream&, const EventStream&) =
+      default;  // NOLINT(modernize-use-nullptr): clang 14 on a defaulted <=>
 };
 
 // One held entry of the fold.
@@ -63,7 +64,8 @@ struct BlockId {
   int64_t group = 0;
   uint64_t hash = 0;
   friend bool operator==(const BlockId&, const BlockId&) = default;
-  friend auto operator<=>(const BlockId&, const BlockId&) = default;
+  friend auto operator<=>(const BlockId&, const BlockId&) =
+      default;  // NOLINT(modernize-use-nullptr): clang 14 on a defaulted <=>
 };
 using BlockCounts = std::map<BlockId, int64_t>;
 

@@ -210,7 +210,7 @@ class Session : public std::enable_shared_from_this<Session> {
       r.body = std::string();  // the body's memory goes before its claim does
       self->body_bytes_.Release();
       self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
-      if (out.stream) return self->StreamOnWorker(std::move(out), keep_alive);
+      if (out.stream) return self->StreamOnWorker(out, keep_alive);
       asio::post(self->stream_.get_executor(), [self, out = std::move(out), keep_alive]() mutable {
         self->Respond(std::move(out), keep_alive);
       });
@@ -220,7 +220,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // On a worker: writes the header, runs the producer (each chunk a blocking write through the
   // I/O thread), the last chunk, then goes back to reading (or closes) on the I/O thread.
-  void StreamOnWorker(HttpResponse out, bool keep_alive) {
+  void StreamOnWorker(const HttpResponse& out, bool keep_alive) {
     keep_alive = keep_alive && !srv_->stopping.load();
     const auto status = static_cast<http::status>(out.status);
     std::string head = "HTTP/1.1 " + std::to_string(out.status) + " " +
@@ -347,7 +347,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_header_;
   BodyBytes body_bytes_;
-  std::array<char, 4096> discard_;
+  std::array<char, 4096> discard_{};
 };
 
 void ServerCore::Accept() {

@@ -56,7 +56,7 @@ Status Indexer::Impl::FlushLocked() {
     MutexLock l(&ingest_mu);
     t = TakePending();
   }
-  const Status s = Commit(t);
+  Status s = Commit(t);
   if (!s.ok()) {
     MutexLock l(&ingest_mu);
     PutBack(t);
@@ -69,7 +69,7 @@ Status Indexer::Impl::FlushLocked() {
 Status Indexer::Impl::FlushHoldingIngest() {
   if (opt.read_only) return Status::Ok();
   Taken t = TakePending();
-  const Status s = Commit(t);
+  Status s = Commit(t);
   if (!s.ok()) {
     PutBack(t);
     return s;
@@ -83,7 +83,7 @@ Status Indexer::Impl::Commit(const Taken& t) {
   const double now = clock->NowSeconds();
   KVO_RETURN_IF_ERROR(Exec(db, "BEGIN IMMEDIATE", path));
   auto fail = [&](const char* what) {
-    const Status s = Status::IOError("index '" + path + "': " + what + ": " + sqlite3_errmsg(db));
+    Status s = Status::IOError("index '" + path + "': " + what + ": " + sqlite3_errmsg(db));
     (void)Exec(db, "ROLLBACK", path);
     return s;
   };
@@ -129,7 +129,7 @@ Status Indexer::Impl::Commit(const Taken& t) {
     up_stream.Reset();
     if (rc != SQLITE_DONE) return fail("updating the stream checkpoint");
   }
-  if (const Status s = Exec(db, "COMMIT", path); !s.ok()) {
+  if (Status s = Exec(db, "COMMIT", path); !s.ok()) {
     (void)Exec(db, "ROLLBACK", path);
     return s;
   }

@@ -267,7 +267,7 @@ struct Indexer::Impl {
   // Streams being cleared (ClearSource: rank nullopt). clear_mu is a leaf lock: taken under
   // ingest_mu (ApplyBatch, Clear's first step) or alone (waiting), never the other way round.
   struct ClearKey {
-    uint32_t sid;
+    uint32_t sid = 0;
     std::optional<int64_t> rank;
     bool Covers(uint32_t s, int64_t r) const { return s == sid && (!rank || *rank == r); }
     bool Overlaps(const ClearKey& o) const {

@@ -451,7 +451,7 @@ Status Indexer::Impl::Clear(std::string_view source, std::optional<int64_t> rank
     break;
   }
   // Step 2: SQL in bounded transactions (db_mu per chunk; ingest of other streams continues).
-  const Status sql = ClearSql(key, fold_upto);
+  Status sql = ClearSql(key, fold_upto);
   // Step 3: memory in bounded steps under the writer lock, released between steps. Passes
   // repeat while entries remain (other writers' inserts and erasures move slots); past a bound,
   // one full sweep finishes.

@@ -90,11 +90,11 @@ inline uint64_t HashKey(const OffloadKey& key) {
 }
 
 struct Node {
-  uint8_t digest[OffloadKey::kMaxHashBytes];
-  uint32_t group;
+  uint8_t digest[OffloadKey::kMaxHashBytes] = {};
+  uint32_t group = 0;
   BlockStatus status;
-  uint32_t w0;  // bits 0-27 prev, 28-29 list id, 30-31 digest length bits 0-1
-  uint32_t w1;  // bits 0-27 next, 28-31 digest length bits 2-5
+  uint32_t w0 = 0;  // bits 0-27 prev, 28-29 list id, 30-31 digest length bits 0-1
+  uint32_t w1 = 0;  // bits 0-27 next, 28-31 digest length bits 2-5
 
   uint32_t prev() const { return w0 & kIndexMask; }
   uint32_t next() const { return w1 & kIndexMask; }

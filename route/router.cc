@@ -38,7 +38,7 @@ HttpResponse OpenAiError(int status, const std::string& message) {
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  size_t i = static_cast<size_t>(std::lround(p / 100.0 * static_cast<double>(v.size() - 1)));
   return v[std::min(i, v.size() - 1)];
 }
 

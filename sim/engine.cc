@@ -204,7 +204,7 @@ struct SimEngine::Impl {
   }
 
   Status Finish(JobId job) {
-    const Status s = transfer->Wait(job);
+    Status s = transfer->Wait(job);
     finished.clear();
     transfer->TakeFinished(&finished);
     for (const TransferResult& r : finished) exporter->RecordTransfer(r);

@@ -467,6 +467,7 @@ Status Supervisor::Start(const ChildSpec& spec) {
   }
   for (const std::string& o : spec.env) env_store.push_back(o);
   std::vector<char*> envp;
+  envp.reserve(env_store.size() + 1);
   for (std::string& e : env_store) envp.push_back(e.data());
   envp.push_back(nullptr);
 

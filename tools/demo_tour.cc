@@ -25,9 +25,11 @@ Status RunTour(int batches, bool json) {
   ho.none_hash = NoneHash(ho.algo, "0");
   ho.block_size = 16;
   std::vector<int64_t> prompt;
-  for (int64_t t = 0; t < 16 * 4; ++t) prompt.push_back(1000 + t * 7);
+  prompt.reserve(64);
+  for (int64_t t = 0; t < 64; ++t) prompt.push_back(1000 + t * 7);
   KVO_ASSIGN_OR_RETURN(std::vector<std::string> digests, HashBlocks(prompt, ho));
   std::vector<BlockHash> hashes;
+  hashes.reserve(digests.size());
   for (const std::string& d : digests) hashes.push_back(BlockHash::Uint(BlockDigest::Low64(d)));
   std::printf("# block hashes (sha256_cbor, seed \"0\", block_size 16) of a 64-token prompt:");
   for (const BlockHash& h : hashes) std::printf(" %s", h.ToString().c_str());

@@ -1,10 +1,14 @@
 // kvo: the command line of the KV-cache offload manager.
+#include <cstdio>
+#include <exception>
 #include <string>
 
 #include "common/logging.h"
 #include "tools/commands.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int Main(int argc, char** argv) {
   CLI::App app{"kvo: KV-cache offload manager, KV-event bus and prefix indexer"};
   app.require_subcommand(1);
   std::string log_level = "warn";
@@ -27,4 +31,15 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   return commands.RunParsed();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {  // a bug: every expected failure is a Status
+    std::fprintf(stderr, "kvo: unexpected error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -238,7 +238,10 @@ Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
     std::erase_if(sources, [](const auto& p) { return p == nullptr; });
     for (auto& st : streams) {
       for (const auto& src : gone_sources) {
-        if (st && st->source == src.get()) gone_streams.push_back(std::move(st));
+        if (st && st->source == src.get()) {
+          gone_streams.push_back(std::move(st));
+          break;
+        }
       }
     }
     std::erase_if(streams, [](const auto& p) { return p == nullptr; });

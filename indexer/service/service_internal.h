@@ -148,7 +148,7 @@ struct IndexerService::Impl {
   Status RegisterStream(service_internal::StreamState* s) EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
   // Adds a source and its streams (threads started when start_threads).
   Status AddSource(const SourceConfig& sc, std::optional<Registration> reg,
-                   std::vector<SourceStream> streams, bool start_threads)
+                   std::vector<SourceStream> stream_list, bool start_threads)
       EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
   void StartThread(service_internal::StreamState* s);
   void RunStream(service_internal::StreamState* s);
