@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/json.h"
+#include "common/json_fields.h"
 #include "events/block_hash.h"
 
 namespace kvo {
@@ -204,42 +205,38 @@ std::string RenderScoreResponse(const ScoreResult& result, int64_t query_tokens)
   return ScoreJson(result, query_tokens).dump(-1, ' ', false, OJson::error_handler_t::replace);
 }
 
+// The explain answer's rows, one table each (key order = table order = the answer's bytes).
+const JsonFields<ExplainHolder> kExplainHolder = {
+    {"source", &ExplainHolder::source},
+    {"dp_rank", &ExplainHolder::dp_rank},
+    {"medium", &ExplainHolder::medium},
+    {"ownership",
+     [](const ExplainHolder& h) {  // only where a secondary tier owns the residency
+       return h.ownership.empty() ? std::nullopt : std::optional<std::string>(h.ownership);
+     }},
+    {"group", &ExplainHolder::group},
+    {"refcount", &ExplainHolder::refcount},
+    {"since_seq", &ExplainHolder::since_seq},
+};
+const JsonFields<ExplainBlock> kExplainBlock = {
+    {"index", &ExplainBlock::index},
+    {"content_key", &ExplainBlock::content_key},
+    {"engine_hash", &ExplainBlock::engine_hash},
+    {"known", &ExplainBlock::known},
+    {"holders", [](const ExplainBlock& b) { return kExplainHolder.ArrayOf(b.holders); }},
+};
+const JsonFields<ExplainInstance> kExplainInstance = {
+    {"source", &ExplainInstance::source},
+    {"dp_rank", &ExplainInstance::dp_rank},
+    {"prefix_blocks", &ExplainInstance::prefix_blocks},
+    {"break_reason", &ExplainInstance::break_reason},
+};
+
 std::string RenderExplainResponse(const ExplainResult& result, int64_t query_tokens) {
   OJson out;
   out["score"] = ScoreJson(result.score, query_tokens);
-  OJson blocks = OJson::array();
-  for (const ExplainBlock& b : result.blocks) {
-    OJson j;
-    j["index"] = b.index;
-    j["content_key"] = b.content_key;
-    j["engine_hash"] = b.engine_hash;
-    j["known"] = b.known;
-    OJson holders = OJson::array();
-    for (const ExplainHolder& h : b.holders) {
-      OJson hj;
-      hj["source"] = h.source;
-      hj["dp_rank"] = h.dp_rank;
-      hj["medium"] = h.medium;
-      if (!h.ownership.empty()) hj["ownership"] = h.ownership;
-      hj["group"] = h.group;
-      hj["refcount"] = h.refcount;
-      hj["since_seq"] = h.since_seq;
-      holders.push_back(std::move(hj));
-    }
-    j["holders"] = std::move(holders);
-    blocks.push_back(std::move(j));
-  }
-  out["blocks"] = std::move(blocks);
-  OJson instances = OJson::array();
-  for (const ExplainInstance& i : result.instances) {
-    OJson j;
-    j["source"] = i.source;
-    j["dp_rank"] = i.dp_rank;
-    j["prefix_blocks"] = i.prefix_blocks;
-    j["break_reason"] = i.break_reason;
-    instances.push_back(std::move(j));
-  }
-  out["instances"] = std::move(instances);
+  out["blocks"] = kExplainBlock.ArrayOf(result.blocks);
+  out["instances"] = kExplainInstance.ArrayOf(result.instances);
   return out.dump(-1, ' ', false, OJson::error_handler_t::replace);
 }
 

@@ -201,6 +201,34 @@ TEST(HttpApiTest, RequestAndResponseRoundTrip) {
 // Mutated bodies and configs (byte flips, truncations, splices of valid ones) never crash the
 // parsers: each answer is a value or InvalidArgument with a message. (ASan/UBSan runs make this a
 // small fuzzer.)
+// The explain answer's exact bytes (a golden: the field tables keep the hand-written order; a
+// holder's `ownership` appears only where a secondary tier owns the residency).
+TEST(HttpApiTest, ExplainAnswerBytes) {
+  ExplainResult r;
+  r.score.block_size = 16;
+  r.score.query_blocks = 2;
+  ExplainBlock b0;
+  b0.index = 0;
+  b0.content_key = 7;
+  b0.engine_hash = 9;
+  b0.known = true;
+  b0.holders.push_back({"a", 0, "GPU", "", 0, 1, 5});
+  b0.holders.push_back({"b", 1, "CPU", "kvcr", 0, 1, 6});
+  ExplainBlock b1;
+  b1.index = 1;
+  r.blocks = {b0, b1};
+  r.instances.push_back({"a", 0, 1, "end of prompt"});
+  EXPECT_EQ(RenderExplainResponse(r, 32),
+            R"({"score":{"block_size":16,"query_blocks":2,"query_tokens":32,"instances":[]},)"
+            R"("blocks":[{"index":0,"content_key":7,"engine_hash":9,"known":true,"holders":[)"
+            R"({"source":"a","dp_rank":0,"medium":"GPU","group":0,"refcount":1,"since_seq":5},)"
+            R"({"source":"b","dp_rank":1,"medium":"CPU","ownership":"kvcr","group":0,)"
+            R"("refcount":1,"since_seq":6}]},)"
+            R"({"index":1,"content_key":0,"engine_hash":0,"known":false,"holders":[]}],)"
+            R"("instances":[{"source":"a","dp_rank":0,"prefix_blocks":1,)"
+            R"("break_reason":"end of prompt"}]})");
+}
+
 TEST(HttpApiTest, MutatedInputsAreRejectedCleanly) {
   std::mt19937_64 rng(testing::TestSeed());
   const std::vector<std::string> seeds = {
