@@ -25,17 +25,6 @@ constexpr int64_t kMaxRanksPerRequest = 1024;
 
 Status Bad(const std::string& what) { return Status::InvalidArgument(what); }
 
-// Identity strings become part of source names: [A-Za-z0-9_.:-]{1,100} ('@' separates them).
-bool ValidId(std::string_view v) {
-  if (v.empty() || v.size() > 100) return false;
-  for (char c : v) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == ':' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 // list_key: the field an over-long array most likely is (named in the message).
 Result<json> ParseBody(std::string_view body, std::string_view route, int64_t max_items,
                        const char* list_key = nullptr) {
@@ -126,7 +115,7 @@ Result<std::string> Identity(const json& o, const char* key, std::optional<std::
     if (!dflt) return Bad(std::string("'") + key + "' is required");
     return *dflt;
   }
-  if (!ValidId(*v)) {
+  if (!ValidSourceIdentity(*v)) {
     return Bad(std::string("'") + key + "' must be 1-100 characters of [A-Za-z0-9_.:-], got '" +
                CutForMessage(*v) + "'");
   }

@@ -156,17 +156,6 @@ Result<SourceConfig> ParseSourceObject(std::string_view origin, size_t index, co
   return s;
 }
 
-// An identity that becomes part of a source name: [A-Za-z0-9_.:-]{1,100} (router_api.h's rule).
-bool ValidIdentity(std::string_view v) {
-  if (v.empty() || v.size() > 100) return false;
-  for (char c : v) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '.' || c == ':' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
 // "http://HOST:PORT[/]" -> the target with its defaults.
 Result<DiscoverTarget> ParseDiscoverUrl(std::string_view url) {
   auto bad = [&](const std::string& why) {
@@ -184,7 +173,7 @@ Result<DiscoverTarget> ParseDiscoverUrl(std::string_view url) {
   t.url = "http://" + std::string(hp);
   t.address = *addr;
   t.instance_id = addr->host + ":" + std::to_string(addr->port);
-  if (!ValidIdentity(t.instance_id)) {
+  if (!ValidSourceIdentity(t.instance_id)) {
     return bad("its HOST:PORT is no valid instance_id; give instance_id=");
   }
   return t;
@@ -193,7 +182,7 @@ Result<DiscoverTarget> ParseDiscoverUrl(std::string_view url) {
 // One key of a discover target (flag or object); `what` names it in errors.
 Status SetDiscoverKey(DiscoverTarget* t, const std::string& key, const std::string& value) {
   auto need_id = [&](std::string* out) {
-    if (!ValidIdentity(value)) {
+    if (!ValidSourceIdentity(value)) {
       return Status::InvalidArgument("'" + key +
                                      "' must be 1-100 characters of [A-Za-z0-9_.:-], got '" +
                                      CutForMessage(value) + "'");
@@ -539,6 +528,16 @@ Result<HttpAddress> ParseHttpAddress(std::string_view text) {
 
 bool IsLoopbackHost(std::string_view host) {
   return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
+bool ValidSourceIdentity(std::string_view v) {
+  if (v.empty() || v.size() > 100) return false;
+  for (char c : v) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '.' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 }  // namespace kvo

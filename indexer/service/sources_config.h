@@ -118,4 +118,8 @@ Result<HttpAddress> ParseHttpAddress(std::string_view text);
 // 127.0.0.0/8, ::1 and "localhost".
 bool IsLoopbackHost(std::string_view host);
 
+// Whether an identity (instance id, model, tenant, LoRA name) may become part of a source name:
+// [A-Za-z0-9_.:-]{1,100} (`@` separates the parts). Used by the config file and the router API.
+bool ValidSourceIdentity(std::string_view v);
+
 }  // namespace kvo
