@@ -26,7 +26,8 @@ struct BenchOptions {
   double seconds_per_case = 0.5;  // time budget for each measured loop
   bool quick = false;             // CI smoke mode: tiny budgets
   // --only: run the case groups whose name contains this ("" = all). Groups: events: hash_chain,
-  // codec, pubsub, lag, restart, journal; indexer: ingest, score, router.
+  // codec, pubsub, lag, restart, journal; indexer: ingest, score, router; fs: each case's name
+  // (2MiB_blocks_buffered, 2MiB_blocks_odirect, 64KiB_blocks_buffered).
   std::string only;
   bool Wants(std::string_view group) const {
     return only.empty() || group.find(only) != std::string_view::npos;

@@ -175,6 +175,7 @@ int RunFsBench(const BenchOptions& options) {
   const int reps = options.quick ? 1 : 2;
   int rc = 0;
   for (const FsCase& c : cases) {
+    if (!options.Wants(c.name)) continue;
     bool direct = false;
     std::vector<double> t = RunCase(c, reps, &direct);
     if (t.empty()) {

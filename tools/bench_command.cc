@@ -87,7 +87,8 @@ void AddBenchCommand(CLI::App& app, CommandTable& commands) {
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
   cmd->add_option("--only", options->only,
                   "run only the case groups whose name contains this (events: hash_chain, codec, "
-                  "pubsub, lag, restart, journal; indexer: ingest, score, router)");
+                  "pubsub, lag, restart, journal; indexer: ingest, score, router; fs: 2MiB_blocks_buffered, "
+                  "2MiB_blocks_odirect, 64KiB_blocks_buffered)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
       ->capture_default_str();
   commands.Add(cmd, [area, options] { return RunBench(*area, *options); });
