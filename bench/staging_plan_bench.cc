@@ -30,6 +30,8 @@
 namespace kvo::bench {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 struct DmaCopy {
   uintptr_t dst, src;
   uint64_t bytes;
@@ -210,8 +212,46 @@ uint64_t OldPlan(const KvLayout& layout, const HostRegion& region, const BlockTr
   return runs_total;
 }
 
+// The staging parameters the engine plans with (two staging buffers of kChunk).
+StagingPlanner::Params EngineParams(bool d2h, uint64_t first_slot) {
+  StagingPlanner::Params p;
+  p.chunk_bytes = kChunk;
+  p.piece_bytes = kPiece;
+  p.staging = {kStage0, kStage1};
+  p.first_slot = first_slot;
+  p.d2h = d2h;
+  return p;
+}
+
+// Drains `planner` as the engine's submit does: one DMA list per chunk (host <-> the chunk's
+// staging buffer), the time from `start` to the first chunk into *first_chunk_ns. Returns the
+// number of DMA copies.
+uint64_t DrainChunks(StagingPlanner& planner, const StagingPlanner::Params& p,
+                     std::vector<DmaCopy>* copies, uint64_t* next_slot, Clock::time_point start,
+                     double* first_chunk_ns) {
+  StagingChunk c;
+  uint64_t runs_total = 0;
+  while (planner.Next(&c)) {
+    if (first_chunk_ns != nullptr && *next_slot == p.first_slot) {
+      *first_chunk_ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+    }
+    ++*next_slot;
+    const uintptr_t stage = p.staging[c.slot];
+    copies->clear();
+    for (const StagingRun& r : planner.runs()) {
+      if (p.d2h) {
+        copies->push_back({r.host, stage + r.offset, r.bytes});
+      } else {
+        copies->push_back({stage + r.offset, r.host, r.bytes});
+      }
+    }
+    runs_total += copies->size();
+  }
+  if (planner.overflowed()) std::abort();
+  return runs_total;
+}
+
 // ---- The engine's submit planning before the incremental expansion (384f90d) ----------------
-using Clock = std::chrono::steady_clock;
 
 struct WholeJobPlanner {
   std::vector<CopySegment> segs;
@@ -235,35 +275,11 @@ struct WholeJobPlanner {
     for (const CopySegment& s : segs) total += s.bytes;
     if (!pinned.Contains(region.base, region.bytes())) std::abort();
     if (!OrderByHost(&segs, d2h, &scratch).ok()) std::abort();
-    StagingPlanner::Params p;
-    p.chunk_bytes = kChunk;
-    p.piece_bytes = kPiece;
-    p.staging = {kStage0, kStage1};
-    p.first_slot = *next_slot;
-    p.d2h = d2h;
+    const StagingPlanner::Params p = EngineParams(d2h, *next_slot);
     const size_t max = StagingPlanner::MaxDescs(segs, total, p);
     if (pinned_descs->size() < max) std::abort();
     planner.Begin(segs, total, p, pinned_descs->data(), pinned_descs->size());
-    StagingChunk c;
-    uint64_t runs_total = 0;
-    while (planner.Next(&c)) {
-      if (first_chunk_ns != nullptr && *next_slot == p.first_slot) {
-        *first_chunk_ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
-      }
-      ++*next_slot;
-      const uintptr_t stage = p.staging[c.slot];
-      copies.clear();
-      for (const StagingRun& r : planner.runs()) {
-        if (d2h) {
-          copies.push_back({r.host, stage + r.offset, r.bytes});
-        } else {
-          copies.push_back({stage + r.offset, r.host, r.bytes});
-        }
-      }
-      runs_total += copies.size();
-    }
-    if (planner.overflowed()) std::abort();
-    return runs_total;
+    return DrainChunks(planner, p, &copies, next_slot, start, first_chunk_ns);
   }
 };
 
@@ -285,35 +301,11 @@ struct IncrementalPlanner {
     static volatile uint64_t large = 1ull << 20;
     if (expander.CountSegments(total / large) == 0) std::abort();
     const bool d2h = dir == TransferDirection::kGpuToCpu;
-    StagingPlanner::Params p;
-    p.chunk_bytes = kChunk;
-    p.piece_bytes = kPiece;
-    p.staging = {kStage0, kStage1};
-    p.first_slot = *next_slot;
-    p.d2h = d2h;
+    const StagingPlanner::Params p = EngineParams(d2h, *next_slot);
     const size_t max = StagingPlanner::MaxDescs(expander.MaxPieces(kPiece), total, p);
     if (pinned_descs->size() < max) std::abort();
     planner.Begin(&expander, total, p, pinned_descs->data(), pinned_descs->size());
-    StagingChunk c;
-    uint64_t runs_total = 0;
-    while (planner.Next(&c)) {
-      if (first_chunk_ns != nullptr && *next_slot == p.first_slot) {
-        *first_chunk_ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
-      }
-      ++*next_slot;
-      const uintptr_t stage = p.staging[c.slot];
-      copies.clear();
-      for (const StagingRun& r : planner.runs()) {
-        if (d2h) {
-          copies.push_back({r.host, stage + r.offset, r.bytes});
-        } else {
-          copies.push_back({stage + r.offset, r.host, r.bytes});
-        }
-      }
-      runs_total += copies.size();
-    }
-    if (planner.overflowed()) std::abort();
-    return runs_total;
+    return DrainChunks(planner, p, &copies, next_slot, start, first_chunk_ns);
   }
 };
 

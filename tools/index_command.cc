@@ -377,23 +377,29 @@ Status RunStats(const std::string& db) {
   return Status::Ok();
 }
 
+// One line of `kvo index dump`; "ownership" only for a copy a secondary tier owns.
+const JsonFields<DumpEntry> kDumpEntry = {
+    {"source", &DumpEntry::source},
+    {"dp_rank", &DumpEntry::dp_rank},
+    {"medium", &DumpEntry::medium},
+    {"ownership",
+     [](const DumpEntry& e) {
+       return e.ownership.empty() ? std::nullopt : std::optional<std::string>(e.ownership);
+     }},
+    {"group", &DumpEntry::group},
+    {"engine_hash", &DumpEntry::engine_hash},
+    {"content_key", &DumpEntry::content_key},
+    {"block_size", &DumpEntry::block_size},
+    {"refcount", &DumpEntry::refcount},
+    {"since_seq", &DumpEntry::since_seq},
+};
+
 Status RunDump(const std::string& db, const std::string& source, int64_t limit) {
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<Indexer> index, OpenReadOnly(db));
   int64_t n = 0;
   index->Dump([&](const DumpEntry& e) {
     if (!source.empty() && e.source != source) return true;
-    OJson j;
-    j["source"] = e.source;
-    j["dp_rank"] = e.dp_rank;
-    j["medium"] = e.medium;
-    if (!e.ownership.empty()) j["ownership"] = e.ownership;
-    j["group"] = e.group;
-    j["engine_hash"] = e.engine_hash;
-    j["content_key"] = e.content_key;
-    j["block_size"] = e.block_size;
-    j["refcount"] = e.refcount;
-    j["since_seq"] = e.since_seq;
-    PrintLine(Dump(j));
+    PrintLine(Dump(kDumpEntry.ToJson(e)));
     ++n;
     return limit <= 0 || n < limit;
   });

@@ -158,9 +158,7 @@ Status KvLayout::CheckHostRegion(const HostRegion& region) const {
   return Status::Ok();
 }
 
-Status KvLayout::ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion& region,
-                                 TransferDirection direction, bool coalesce,
-                                 std::vector<CopySegment>* out, ExpandOrder order) const {
+Status KvLayout::CheckBlockSpec(const BlockTransferSpec& spec, const HostRegion& region) const {
   KVO_RETURN_IF_ERROR(CheckHostRegion(region));
   const size_t num_groups = spec_.groups.size();
   if (spec.group_sizes.size() != num_groups) {
@@ -194,6 +192,14 @@ Status KvLayout::ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion
                                 " out of range [0, " + std::to_string(region.num_slots) + ")");
     }
   }
+  return Status::Ok();
+}
+
+Status KvLayout::ExpandBlockSpec(const BlockTransferSpec& spec, const HostRegion& region,
+                                 TransferDirection direction, bool coalesce,
+                                 std::vector<CopySegment>* out, ExpandOrder order) const {
+  KVO_RETURN_IF_ERROR(CheckBlockSpec(spec, region));
+  const size_t num_groups = spec_.groups.size();
   const size_t first = out->size();
   size_t total_refs = 0;
   for (size_t g = 0; g < num_groups; ++g)
@@ -290,41 +296,15 @@ Status HostRowExpander::Begin(const KvLayout& layout, const BlockTransferSpec& s
   rows_.clear();
   total_bytes_ = segments_ = 0;
   sorted_rows_ = false;
-  KVO_RETURN_IF_ERROR(layout.CheckHostRegion(region));
+  KVO_RETURN_IF_ERROR(layout.CheckBlockSpec(spec, region));
   const KvLayoutSpec& ls = layout.spec_;
   const size_t num_groups = ls.groups.size();
-  if (spec.group_sizes.size() != num_groups) {
-    return Status::InvalidArgument("block spec: " + std::to_string(spec.group_sizes.size()) +
-                                   " group sizes for " + std::to_string(num_groups) + " KV groups");
-  }
-  if (!spec.block_indices.empty() && spec.block_indices.size() != num_groups) {
-    return Status::InvalidArgument("block spec: " + std::to_string(spec.block_indices.size()) +
-                                   " block indices for " + std::to_string(num_groups) +
-                                   " KV groups");
-  }
   const uint64_t bpc = ls.blocks_per_chunk;
-  uint64_t total_blocks = 0, total_slots = 0;
+  uint64_t total_blocks = 0;
   for (size_t g = 0; g < num_groups; ++g) {
     const uint64_t index = spec.block_indices.empty() ? 0 : spec.block_indices[g];
     groups_.push_back({static_cast<size_t>(total_blocks), index % bpc, spec.group_sizes[g]});
     total_blocks += spec.group_sizes[g];
-    total_slots += layout.SlotsForGroup(spec.group_sizes[g], index);
-  }
-  if (total_blocks != spec.gpu_block_ids.size()) {
-    return Status::InvalidArgument("block spec: group sizes add up to " +
-                                   std::to_string(total_blocks) + " blocks but " +
-                                   std::to_string(spec.gpu_block_ids.size()) + " block ids given");
-  }
-  if (total_slots != spec.cpu_slots.size()) {
-    return Status::InvalidArgument("block spec: the groups' chunks need " +
-                                   std::to_string(total_slots) + " CPU slots but " +
-                                   std::to_string(spec.cpu_slots.size()) + " given");
-  }
-  for (int64_t slot : spec.cpu_slots) {
-    if (slot < 0 || static_cast<uint64_t>(slot) >= region.num_slots) {
-      return Status::OutOfRange("block spec: CPU slot " + std::to_string(slot) +
-                                " out of range [0, " + std::to_string(region.num_slots) + ")");
-    }
   }
   // Every block id of the job against the smallest tensor its group names: O(blocks), before
   // anything is generated (a bad id in the last chunk fails the job here, not midway).

@@ -144,6 +144,10 @@ class KvLayout {
  private:
   friend class HostRowExpander;
   explicit KvLayout(KvLayoutSpec spec) : spec_(std::move(spec)) {}
+  // What every expansion of `spec` checks before it generates anything: `region` matches, one
+  // size (and index, if any) per KV group, block ids and CPU slots that add up, every slot inside
+  // `region`.
+  Status CheckBlockSpec(const BlockTransferSpec& spec, const HostRegion& region) const;
 
   KvLayoutSpec spec_;
   std::vector<uint64_t> tensor_area_offset_;  // within a worker cell

@@ -19,37 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/seeded_rows.h"
 #include "transfer/fs_block_store.h"
 
 namespace kvo::disk_faults {
 
 inline constexpr uint64_t kRow = 8192;
 
-struct Rows {
-  explicit Rows(uint64_t n, uint64_t row = kRow) : num(n), stride(row) {
-    mem = static_cast<uint8_t*>(std::aligned_alloc(4096, n * row));
-    std::memset(mem, 0, n * row);
-  }
-  ~Rows() { std::free(mem); }
-  Rows(const Rows&) = delete;
-  Rows& operator=(const Rows&) = delete;
-  HostRegion region() const { return {reinterpret_cast<uintptr_t>(mem), num, stride}; }
-  uint8_t* row(uint64_t i) { return mem + i * stride; }
-  void Fill(uint64_t i, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    auto* p = reinterpret_cast<uint64_t*>(row(i));
-    for (uint64_t w = 0; w < stride / 8; ++w) p[w] = rng();
-  }
-  bool Matches(uint64_t i, uint64_t seed) {
-    std::vector<uint8_t> want(stride);
-    std::mt19937_64 rng(seed);
-    auto* p = reinterpret_cast<uint64_t*>(want.data());
-    for (uint64_t w = 0; w < stride / 8; ++w) p[w] = rng();
-    return std::memcmp(want.data(), row(i), stride) == 0;
-  }
-  uint8_t* mem;
-  uint64_t num;
-  uint64_t stride;
+struct Rows : kvo::testing::SeededRows {
+  explicit Rows(uint64_t n, uint64_t row = kRow) : SeededRows(n, row) {}
 };
 
 inline FsBlockStoreOptions TierOptions(const std::string& root,

@@ -29,6 +29,7 @@
 
 #include "events/zmq_publisher.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/wait.h"
 
 namespace kvo::faults {
 
@@ -82,26 +83,9 @@ inline std::string Hex(uint64_t v) {
 
 // A free TCP port on 127.0.0.1 whose successor is free too (endpoint + replay endpoint).
 inline int FreePortPair() {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-    ::close(fd);
-    const int port = ok ? ntohs(a.sin_port) : 0;
-    if (port == 0 || port >= 65000) continue;
-    const int fd2 = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in b = a;
-    b.sin_port = htons(static_cast<uint16_t>(port + 1));
-    const bool ok2 = ::bind(fd2, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
-    ::close(fd2);
-    if (ok2) return port;
-  }
-  ADD_FAILURE() << "no free port pair";
-  return 0;
+  const int port = kvo::testing::FreePortPair();
+  if (port == 0) ADD_FAILURE() << "no free port pair";
+  return port;
 }
 
 // GET http://127.0.0.1:port/path (Connection: close). Returns the status code and body; status 0

@@ -23,6 +23,7 @@
 
 #include "events/zmq_publisher.h"
 #include "indexer/service/service.h"
+#include "tests/indexer/service_test_util.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/temp_dir.h"
@@ -290,13 +291,7 @@ std::string SourceEntry(int rank, const std::string& host, const Publisher& p) {
 class DiscoveryServiceTest : public ::testing::Test {
  protected:
   IndexerConfig Config(const std::string& url) {
-    IndexerConfig c;
-    c.db = dir_.path() + "/index.sqlite";
-    c.idle_probe_ms = 100;
-    c.replay_timeout_ms = 500;
-    c.retry_initial_ms = 20;
-    c.retry_max_ms = 200;
-    c.silent_after_ms = 300;
+    IndexerConfig c = service_test::FastConfig(dir_.path());
     c.discover_interval_ms = 50;
     c.discover_retry_initial_ms = 20;
     c.discover_retry_max_ms = 100;

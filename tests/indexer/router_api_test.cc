@@ -21,6 +21,7 @@
 
 #include "events/zmq_publisher.h"
 #include "indexer/service/service.h"
+#include "tests/indexer/service_test_util.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -34,6 +35,7 @@ constexpr int64_t kBs = 128;  // the reference registration's block_size
 
 using testing::Eventually;
 using testing::FreePort;
+using testing::FreePortPair;
 
 std::vector<int64_t> Tokens(int64_t blocks) {
   std::vector<int64_t> t;
@@ -78,14 +80,7 @@ Publisher MakePublisher(const std::string& journal_dir) {
 class RouterApiTest : public ::testing::Test {
  protected:
   IndexerConfig Config() {
-    IndexerConfig c;
-    c.db = dir_.path() + "/index.sqlite";
-    c.http = "127.0.0.1:0";
-    c.idle_probe_ms = 100;
-    c.replay_timeout_ms = 500;
-    c.retry_initial_ms = 20;
-    c.retry_max_ms = 200;
-    c.silent_after_ms = 300;
+    IndexerConfig c = service_test::FastConfig(dir_.path());
     c.max_query_tokens = 100'000;
     return c;
   }
@@ -573,22 +568,6 @@ TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
           << c.body;
     }
   }
-}
-
-// Two consecutive free ports (vLLM's DP rank offsets), or 0.
-int FreePortPair() {
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    int p = FreePort();
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(p + 1));
-    bool ok = p < 65535 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (ok) return p;
-  }
-  return 0;
 }
 
 // "dp_ranks": 2 registers ranks dp_rank and dp_rank + 1, the second on the offset ports (vLLM's

@@ -19,6 +19,7 @@
 
 #include "events/codec.h"
 #include "events/zmq_publisher.h"
+#include "tests/indexer/service_test_util.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -40,6 +41,7 @@ EventBatch Store(uint64_t hash, int64_t rank, const char* medium = kMediumGpu) {
 
 // Polls `cond` until it holds or 30 s pass (a failure guard, not a synchronisation sleep).
 using testing::Eventually;
+using testing::FreePortPair;
 
 const StreamStatus* Stream(const std::vector<SourceStatus>& all, const std::string& source,
                            int64_t rank) {
@@ -70,40 +72,10 @@ int64_t PrefixOf(IndexerService& svc, const std::string& source, int64_t rank, u
   return 0;
 }
 
-// Two consecutive free TCP ports on 127.0.0.1 (a two-rank source), found by binding.
-int FreePortPair() {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    bool got = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-               ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-    ::close(fd);
-    int port = ntohs(a.sin_port);
-    if (!got || port >= 65000) continue;
-    int fd2 = ::socket(AF_INET, SOCK_STREAM, 0);
-    a.sin_port = htons(static_cast<uint16_t>(port + 1));
-    bool ok = ::bind(fd2, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd2);
-    if (ok) return port;
-  }
-  ADD_FAILURE() << "no free port pair";
-  return 0;
-}
-
 class ServiceTest : public ::testing::Test {
  protected:
   IndexerConfig Config() {
-    IndexerConfig c;
-    c.db = dir_.path() + "/index.sqlite";
-    c.http = "127.0.0.1:0";
-    c.idle_probe_ms = 100;
-    c.replay_timeout_ms = 500;
-    c.retry_initial_ms = 20;
-    c.retry_max_ms = 200;
-    c.silent_after_ms = 300;
+    IndexerConfig c = service_test::FastConfig(dir_.path());
     return c;
   }
   testing::TempDir dir_;

@@ -18,41 +18,17 @@
 namespace kvo {
 namespace {
 
+using policy_test::CompleteStore;
+using policy_test::ExpectOk;
 using policy_test::Key;
 using policy_test::Keys;
 using policy_test::NotReady;
+using policy_test::Pin;
 using policy_test::Ready;
+using policy_test::Store;
+using policy_test::Unpin;
 using policy_test::VictimKeys;
 using List = ArcPolicy::List;
-
-void ExpectOk(const CachePolicy& p) {
-  Status s = p.CheckInvariants();
-  EXPECT_TRUE(s.ok()) << s.ToString();
-}
-
-void CompleteStore(CachePolicy& p, std::initializer_list<int> ids) {
-  for (int id : ids) {
-    BlockStatus* b = p.Get(Key(id));
-    if (b != nullptr && b->ref_cnt == -1) {
-      b->ref_cnt = 0;
-      p.MarkEvictable(Key(id));
-    }
-  }
-}
-void Store(CachePolicy& p, std::initializer_list<int> ids, int slot = 0) {
-  for (int id : ids) p.Insert(Key(id), NotReady(slot++));
-  CompleteStore(p, ids);
-}
-void Pin(CachePolicy& p, int id) {
-  BlockStatus* b = p.Get(Key(id));
-  ASSERT_NE(b, nullptr);
-  if (b->ref_cnt++ == 0) p.MarkNonEvictable(Key(id));
-}
-void Unpin(CachePolicy& p, int id) {
-  BlockStatus* b = p.Get(Key(id));
-  ASSERT_NE(b, nullptr);
-  if (--b->ref_cnt == 0) p.MarkEvictable(Key(id));
-}
 
 TEST(ArcPolicyTest, InsertsGoToT1) {
   ArcPolicy p(4);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -69,6 +70,39 @@ inline BlockStatus NotReady(int slot) { return BlockStatus{-1, slot}; }
 
 inline bool SameStatus(const BlockStatus& a, const BlockStatus& b) {
   return a.ref_cnt == b.ref_cnt && a.slot == b.slot;
+}
+
+// The manager's side of the policy contract, for readable scenarios: a stored block becomes ready
+// (ref_cnt -1 -> 0) and evictable; pins and unpins report every transition to / from 0.
+inline void ExpectOk(const CachePolicy& p) {
+  Status s = p.CheckInvariants();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+inline void CompleteStore(CachePolicy& p, std::initializer_list<int> ids) {
+  for (int id : ids) {
+    BlockStatus* b = p.Get(Key(id));
+    if (b != nullptr && b->ref_cnt == -1) {
+      b->ref_cnt = 0;
+      p.MarkEvictable(Key(id));
+    }
+  }
+}
+// Inserts `ids` (not ready, consecutive slots from `slot`) and completes their store.
+inline void Store(CachePolicy& p, std::initializer_list<int> ids, int slot = 0) {
+  for (int id : ids) p.Insert(Key(id), NotReady(slot++));
+  CompleteStore(p, ids);
+}
+inline void Pin(CachePolicy& p, int id) {
+  BlockStatus* b = p.Get(Key(id));
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->ready());
+  if (b->ref_cnt++ == 0) p.MarkNonEvictable(Key(id));
+}
+inline void Unpin(CachePolicy& p, int id) {
+  BlockStatus* b = p.Get(Key(id));
+  ASSERT_NE(b, nullptr);
+  ASSERT_GT(b->ref_cnt, 0);
+  if (--b->ref_cnt == 0) p.MarkEvictable(Key(id));
 }
 
 using Victims = std::vector<std::pair<OffloadKey, BlockStatus>>;

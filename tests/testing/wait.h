@@ -24,17 +24,32 @@ inline bool Eventually(const std::function<bool()>& cond) {
   return cond();
 }
 
-// A loopback TCP port that was free a moment ago (0 if none could be bound).
-inline int FreePort() {
+// Binds a TCP socket to 127.0.0.1:`port` (0: any) and closes it; returns the port it got, 0 when
+// the bind failed.
+inline int BindLoopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t len = sizeof a;
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   ::close(fd);
   return ok ? ntohs(a.sin_port) : 0;
+}
+
+// A loopback TCP port that was free a moment ago (0 if none could be bound).
+inline int FreePort() { return BindLoopback(0); }
+
+// A loopback TCP port whose successor was free too (an endpoint and its replay endpoint); 0 when
+// 200 attempts found none.
+inline int FreePortPair() {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = FreePort();
+    if (port != 0 && port < 65000 && BindLoopback(port + 1) == port + 1) return port;
+  }
+  return 0;
 }
 
 }  // namespace kvo::testing

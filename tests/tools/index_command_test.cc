@@ -39,6 +39,7 @@
 #include "http/http_server.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace kvo {
 namespace {
@@ -60,32 +61,11 @@ void WriteFile(const std::string& path, const std::string& text) {
   ASSERT_TRUE(f.good()) << path;
 }
 
-// Two consecutive free TCP ports on 127.0.0.1 (for a two-rank source), found by binding.
+// Two consecutive free TCP ports on 127.0.0.1 (for a two-rank source).
 int FreePortPair() {
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ::close(fd);
-      continue;
-    }
-    int port = ntohs(a.sin_port);
-    ::close(fd);
-    if (port >= 65000) continue;
-    int fd2 = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in b = a;
-    b.sin_port = htons(static_cast<uint16_t>(port + 1));
-    bool ok = ::bind(fd2, reinterpret_cast<sockaddr*>(&b), sizeof b) == 0;
-    ::close(fd2);
-    if (ok) return port;
-  }
-  ADD_FAILURE() << "no free port pair";
-  return 0;
+  const int port = testing::FreePortPair();
+  if (port == 0) ADD_FAILURE() << "no free port pair";
+  return port;
 }
 
 // ---------------------------------------------------------------------------------------------
