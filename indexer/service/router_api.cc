@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/hex.h"
 #include "common/json.h"
 #include "events/kv_events_config.h"
 #include "indexer/service/sources_config.h"
@@ -687,7 +688,6 @@ namespace {
 // `s` as a JSON string, byte for byte what nlohmann's dump() writes for it; false (nothing
 // appended) for a byte >= 0x80, which the caller leaves to nlohmann (it checks the UTF-8).
 bool AppendJsonString(std::string* out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
   for (char c : s) {
     if (static_cast<unsigned char>(c) >= 0x80) return false;
   }
@@ -719,8 +719,8 @@ bool AppendJsonString(std::string* out, std::string_view s) {
       default:
         if (u < 0x20) {
           out->append("\\u00");
-          out->push_back(kHex[u >> 4]);
-          out->push_back(kHex[u & 15]);
+          out->push_back(kHexDigits[u >> 4]);
+          out->push_back(kHexDigits[u & 15]);
         } else {
           out->push_back(c);
         }
