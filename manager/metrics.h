@@ -59,8 +59,9 @@ inline constexpr std::string_view kTieringPromotionJobFailures =
     "vllm:kv_offload_tiering_promotion_job_failures";
 inline constexpr std::string_view kTieringCascadeJobFailures =
     "vllm:kv_offload_tiering_cascade_job_failures";
-inline constexpr std::string_view kTieringBlockQueries = "vllm:kv_offload_tiering_block_queries";
-inline constexpr std::string_view kTieringBlockHits = "vllm:kv_offload_tiering_block_hits";
+// vLLM #52812 renamed the two series (block_ -> chunk_); its constants kept the BLOCK_ names.
+inline constexpr std::string_view kTieringBlockQueries = "vllm:kv_offload_tiering_chunk_queries";
+inline constexpr std::string_view kTieringBlockHits = "vllm:kv_offload_tiering_chunk_hits";
 inline constexpr std::string_view kTieringPrimaryWriteUsagePerc =
     "vllm:kv_offload_tiering_primary_write_usage_perc";
 inline constexpr std::string_view kTieringPrimaryReadUsagePerc =

@@ -208,7 +208,7 @@ Status RunPipelineDemo(const std::string& dir) {
   for (const std::string& line : SplitMetricLines(engines[0]->PrometheusText())) {
     for (const char* want :
          {"vllm:kv_offload_store_bytes_total", "vllm:kv_offload_load_bytes_total",
-          "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_tiering_block_hits_total",
+          "vllm:kv_offload_cpu_cache_usage_perc", "vllm:kv_offload_tiering_chunk_hits_total",
           "kvo:offload_events_total"}) {
       if (line.rfind(want, 0) == 0) std::printf("#   %s\n", line.c_str());
     }

@@ -84,7 +84,7 @@ TEST_F(IndexedTierAsyncTest, RetryUntilTheStepEndsThenTheVerdict) {
                       "le=\"0.01\"} 2.0\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("vllm:kv_offload_tiering_block_hits_total{tier=\"1:fs\"} 1.0\n"),
+  EXPECT_NE(text.find("vllm:kv_offload_tiering_chunk_hits_total{tier=\"1:fs\"} 1.0\n"),
             std::string::npos)
       << text;
 }

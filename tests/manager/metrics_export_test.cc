@@ -211,10 +211,10 @@ TEST(MetricsExportTest, TieringFamilyPerTierWithLookupDelays) {
   std::string text = registry.RenderPrometheus();
   const std::string p = "{tier=\"0:primary\"}";
   const std::string fs = "{tier=\"1:fs\"}";
-  ExpectSample(text, "vllm:kv_offload_tiering_block_queries_total" + p + " 3.0");
-  ExpectSample(text, "vllm:kv_offload_tiering_block_queries_total" + fs + " 3.0");
-  ExpectSample(text, "vllm:kv_offload_tiering_block_hits_total" + p + " 0.0");
-  ExpectSample(text, "vllm:kv_offload_tiering_block_hits_total" + fs + " 1.0");
+  ExpectSample(text, "vllm:kv_offload_tiering_chunk_queries_total" + p + " 3.0");
+  ExpectSample(text, "vllm:kv_offload_tiering_chunk_queries_total" + fs + " 3.0");
+  ExpectSample(text, "vllm:kv_offload_tiering_chunk_hits_total" + p + " 0.0");
+  ExpectSample(text, "vllm:kv_offload_tiering_chunk_hits_total" + fs + " 1.0");
   // Sync delay: the CPU tier takes no time on the manual clock (le 1e-05), the tier 200 us each.
   ExpectSample(text,
                "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier=\"0:primary\","

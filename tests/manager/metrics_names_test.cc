@@ -39,8 +39,8 @@ const std::vector<std::string> kTieringNames = {
     "vllm:kv_offload_tiering_write_time",
     "vllm:kv_offload_tiering_promotion_job_failures",
     "vllm:kv_offload_tiering_cascade_job_failures",
-    "vllm:kv_offload_tiering_block_queries",
-    "vllm:kv_offload_tiering_block_hits",
+    "vllm:kv_offload_tiering_chunk_queries",
+    "vllm:kv_offload_tiering_chunk_hits",
     "vllm:kv_offload_tiering_primary_write_usage_perc",
     "vllm:kv_offload_tiering_primary_read_usage_perc",
     "vllm:kv_offload_tiering_active_promotion_jobs",
@@ -165,10 +165,10 @@ TEST(OffloadMetricsNamesTest, RendersVllmsExposition) {
   EXPECT_TRUE(Contains(text, "vllm:kv_offload_load_size_bucket{le=\"1e+06\"} 0.0\n"));
   EXPECT_TRUE(Contains(text, "vllm:kv_offload_load_size_bucket{le=\"2e+08\"} 0.0\n"));
   EXPECT_TRUE(Contains(text,
-                       "vllm:kv_offload_tiering_block_queries_total{tier=\"0:primary\"} 1.0\n"
-                       "vllm:kv_offload_tiering_block_queries_total{tier=\"1:fs\"} 10.0\n"))
+                       "vllm:kv_offload_tiering_chunk_queries_total{tier=\"0:primary\"} 1.0\n"
+                       "vllm:kv_offload_tiering_chunk_queries_total{tier=\"1:fs\"} 10.0\n"))
       << text;
-  EXPECT_TRUE(Contains(text, "vllm:kv_offload_tiering_block_hits_total{tier=\"1:fs\"} 4.0\n"));
+  EXPECT_TRUE(Contains(text, "vllm:kv_offload_tiering_chunk_hits_total{tier=\"1:fs\"} 4.0\n"));
   EXPECT_TRUE(Contains(text, "vllm:kv_offload_tiering_active_promotion_jobs{tier=\"1:fs\"} 2.0\n"));
   EXPECT_TRUE(Contains(
       text,
