@@ -294,8 +294,8 @@ class PyManager {
   // already holds records is a restart: the manager is recovered from it (CPU blocks announced
   // removed, file tiers reconciled with their directories) and keeps appending.
   PyManager(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
-            bool enable_kv_cache_events, std::optional<int64_t> dp_rank, py::object cpu_rows,
-            bool track_blocks, const std::optional<std::string>& journal_dir,
+            uint32_t rank, bool enable_kv_cache_events, std::optional<int64_t> dp_rank,
+            py::object cpu_rows, bool track_blocks, const std::optional<std::string>& journal_dir,
             const std::string& journal_fsync) {
     OffloadStackOptions o;
     o.config = Unwrap(ParseOffloadConfig(config_json, kv));
@@ -309,6 +309,7 @@ class PyManager {
                      ? rows_.Reserve(o.geometry.num_blocks, o.geometry.row_bytes)
                      : rows_.Adopt(std::move(cpu_rows), o.geometry.row_bytes, "cpu_rows");
     o.run = run;
+    o.rank = rank;
     o.enable_kv_cache_events = enable_kv_cache_events;
     o.manager.data_parallel_rank = dp_rank;
     o.manager.track_blocks = track_blocks;
@@ -745,8 +746,8 @@ PYBIND11_MODULE(_kvo, m) {
                 json,
                 GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash, world_size,
                              replicated_layout),
-                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks,
-                journal_dir, journal_fsync);
+                RunFrom(run), RankFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows),
+                track_blocks, journal_dir, journal_fsync);
           },
           py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),
