@@ -149,14 +149,16 @@ struct FsBlockStore::Impl {
 
   FsBlockResult StoreOne(const FsBlockKey& key, int64_t slot) {
     FsBlockResult r;
+    bool fresh = false;
     auto d2 = fs_internal::OpenBlockDir(rank, FsBlockDir1(key), FsBlockDir2(key), true,
-                                        options.dir_mode, "block directory");
+                                        options.dir_mode, "block directory", &fresh);
     if (!d2.ok()) return Error(d2.status());
     fs_internal::WriteOptions wo;
     wo.file_mode = options.file_mode;
     wo.o_direct = o_direct;
     wo.checksum = checksum;
     wo.identity = fs_internal::BlockIdentity(ns_name, options.rank, key);
+    wo.dir_is_new = fresh;
     auto w =
         fs_internal::WriteFileAtomic(*d2, FsBlockFileName(key), Row(slot), region.row_stride, wo);
     if (!w.ok()) return Error(w.status().WithContext("store " + key.hex));

@@ -290,7 +290,8 @@ uint64_t RandomU63() {
 }
 
 Result<Dir> OpenBlockDir(const Dir& base, std::string_view dir1, std::string_view dir2, bool create,
-                         uint32_t dir_mode, std::string_view what) {
+                         uint32_t dir_mode, std::string_view what, bool* created) {
+  if (created != nullptr) *created = false;
   std::string rel;
   rel.reserve(dir1.size() + 1 + dir2.size());
   rel.append(dir1).append(1, '/').append(dir2);
@@ -301,7 +302,18 @@ Result<Dir> OpenBlockDir(const Dir& base, std::string_view dir1, std::string_vie
   }
   // Missing (to create), a symlink or non-directory on the way (ELOOP, ENOTDIR: the per-level
   // walk names which), no openat2 (ENOSYS, EINVAL), anything else: one component at a time.
+  const bool missing = errno == ENOENT;
   KVO_ASSIGN_OR_RETURN(Dir d1, OpenChildDir(base, dir1, create, dir_mode, what));
+  if (missing) {
+    // The leaf was missing and its parent exists now: create it before the first open (saves
+    // the open that would fail). EEXIST (a racing creator) is fine; what it is, the open checks.
+    const std::string n(dir2);
+    if (::mkdirat(d1.fd(), n.c_str(), static_cast<mode_t>(dir_mode)) == 0) {
+      if (created != nullptr) *created = true;
+    } else if (errno != EEXIST) {
+      return Errno(std::string("create ") + std::string(what), n, errno);
+    }
+  }
   return OpenChildDir(d1, dir2, create, dir_mode, what);
 }
 
@@ -351,15 +363,19 @@ Status WriteBodyAndRecord(const Dir& dir, int fd, const std::string& name, const
 Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, const void* data,
                                      size_t n, const WriteOptions& opts) {
   struct stat st {};
-  if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (opts.dir_is_new) {
+    // Nothing to look for in a directory this writer just created (a racing writer of the same
+    // name is met by linkat's EEXIST, or replaced by rename as before).
+  } else if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
     if (!S_ISREG(st.st_mode)) {
       return Status::FailedPrecondition("'" + name +
                                         "' exists and is not a regular file (symlink?); not "
                                         "written");
     }
     return WriteOutcome::kExisted;
+  } else if (errno != ENOENT) {
+    return Errno("stat", name, errno);
   }
-  if (errno != ENOENT) return Errno("stat", name, errno);
   const bool direct = opts.o_direct && Aligned(data, n);
 
   // A nameless O_TMPFILE linked under `name` once whole: no temp name, no rename, nothing left
@@ -433,6 +449,7 @@ Status WriteBodyAndRecord(const Dir& dir, int fd, const std::string& name, const
     return Status::Ok();
   }
   WriteOptions side = opts;
+  side.dir_is_new = false;  // the sidecar's name was just unlinked; look anyway
   side.o_direct = false;
   side.write_checksum = false;
   const std::string side_name = name + kSidecarSuffix;

@@ -80,9 +80,9 @@ Result<Dir> OpenChildDir(const Dir& parent, std::string_view name, bool create, 
 // Opens `dir1`/`dir2` below `base` (one component each) in one openat2(RESOLVE_NO_SYMLINKS |
 // RESOLVE_BENEATH) call; where that fails (missing and `create`, a symlink or non-directory on
 // the way, no openat2) it walks one component at a time with OpenChildDir, whose errors it gives.
-// NotFound when missing and !create.
+// NotFound when missing and !create. *created (when given): the leaf was created by this call.
 Result<Dir> OpenBlockDir(const Dir& base, std::string_view dir1, std::string_view dir2, bool create,
-                         uint32_t dir_mode, std::string_view what);
+                         uint32_t dir_mode, std::string_view what, bool* created = nullptr);
 
 struct WriteOptions {
   uint32_t file_mode = 0600;
@@ -90,6 +90,8 @@ struct WriteOptions {
   ChecksumStore checksum = ChecksumStore::kXattr;
   bool write_checksum = true;
   uint64_t identity = 0;  // BlockIdentity of the name written, recorded with the checksum
+  // `dir` was just created by this writer (OpenBlockDir's *created): skip the existence check.
+  bool dir_is_new = false;
 };
 
 enum class WriteOutcome : uint8_t { kWritten, kExisted };
