@@ -333,6 +333,26 @@ class PyManager {
 
   bool recovered() const { return recovered_; }
 
+  // lookup's hot path, in raw CPython calls: an exact bytes key of a valid length and the same
+  // request context as the previous call (or None twice). Returns a new reference, or nullptr
+  // (no Python error set) when the call needs the full path (conversion, errors, a new context).
+  PyObject* LookupFast(PyObject* key, PyObject* ctx) {
+    if (!PyBytes_CheckExact(key) || manager_ == nullptr || ctx != last_ctx_.ptr()) return nullptr;
+    const Py_ssize_t n = PyBytes_GET_SIZE(key);
+    if (n <= static_cast<Py_ssize_t>(kGroupBytes) || n > static_cast<Py_ssize_t>(kMaxKeyBytes)) {
+      return nullptr;
+    }
+    const char* p = PyBytes_AS_STRING(key);
+    const auto* g = reinterpret_cast<const unsigned char*>(p + n - kGroupBytes);
+    const uint32_t group =
+        (uint32_t{g[0]} << 24) | (uint32_t{g[1]} << 16) | (uint32_t{g[2]} << 8) | g[3];
+    const OffloadKey k =
+        OffloadKey::FromDigest(std::string_view(p, static_cast<size_t>(n) - kGroupBytes), group);
+    PyObject* r = g_lookup_values[static_cast<int>(manager_->Lookup(k, ctx_))];
+    Py_INCREF(r);
+    return r;
+  }
+
   py::object Lookup(py::handle key, py::handle ctx) {
     OffloadKey k = KeyFromObject(key.ptr(), "key");
     ContextFrom(ctx, &ctx_, &last_ctx_);
@@ -570,6 +590,16 @@ PyManager* Self(PyObject* self);
 // pybind11's generic dispatcher costs more than the lookup itself. Positional calls land here;
 // calls with keywords go to the pybind11 method kept as `_lookup`.
 PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  // The common call first: lookup(key, ctx) positionally with the previous call's context.
+  if (kwnames == nullptr && (nargs == 1 || nargs == 2)) {
+    auto* inst = reinterpret_cast<py::detail::instance*>(self);
+    void* v =
+        inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
+    if (v != nullptr) {
+      PyObject* r = static_cast<PyManager*>(v)->LookupFast(args[0], nargs == 2 ? args[1] : Py_None);
+      if (r != nullptr) return r;
+    }
+  }
   try {
     if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) || nargs < 1 || nargs > 2) {
       py::object slow = py::reinterpret_borrow<py::object>(self).attr("_lookup");
