@@ -360,6 +360,10 @@ Status WriteBodyAndRecord(const Dir& dir, int fd, const std::string& name, const
 
 }  // namespace
 
+void ForceNamedTempFilesForTest(bool on) {
+  g_tmp_link.store(static_cast<int>(on ? TmpLink::kNone : TmpLink::kUnknown));
+}
+
 Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, const void* data,
                                      size_t n, const WriteOptions& opts) {
   struct stat st {};

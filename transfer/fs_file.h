@@ -104,6 +104,9 @@ enum class WriteOutcome : uint8_t { kWritten, kExisted };
 // ENOSPC/EDQUOT.
 Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, const void* data,
                                      size_t n, const WriteOptions& opts);
+// Tests: true makes every later write in this process take the fallback (named temp file +
+// renameat), as on a file system or kernel that cannot link an O_TMPFILE; false re-detects.
+void ForceNamedTempFilesForTest(bool on);
 
 enum class ReadOutcome : uint8_t {
   kOk,       // read whole; checksum verified (or none recorded and none required)
