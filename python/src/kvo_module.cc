@@ -584,6 +584,14 @@ py::object PyManager::LookupEnum(LookupResult r) {
   return py::reinterpret_borrow<py::object>(g_lookup_values[static_cast<int>(r)]);
 }
 
+// The PyManager of a manager instance, or nullptr when not initialised.
+PyManager* SelfOrNull(PyObject* self) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  void* v =
+      inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
+  return static_cast<PyManager*>(v);
+}
+
 PyManager* Self(PyObject* self);
 
 // `lookup` through CPython's vectorcall protocol: the per-key call is the scheduler's hot path and
@@ -592,11 +600,8 @@ PyManager* Self(PyObject* self);
 PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   // The common call first: lookup(key, ctx) positionally with the previous call's context.
   if (kwnames == nullptr && (nargs == 1 || nargs == 2)) {
-    auto* inst = reinterpret_cast<py::detail::instance*>(self);
-    void* v =
-        inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
-    if (v != nullptr) {
-      PyObject* r = static_cast<PyManager*>(v)->LookupFast(args[0], nargs == 2 ? args[1] : Py_None);
+    if (PyManager* m = SelfOrNull(self); m != nullptr) {
+      PyObject* r = m->LookupFast(args[0], nargs == 2 ? args[1] : Py_None);
       if (r != nullptr) return r;
     }
   }
@@ -618,11 +623,9 @@ PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 }
 
 PyManager* Self(PyObject* self) {
-  auto* inst = reinterpret_cast<py::detail::instance*>(self);
-  void* v =
-      inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
-  if (v == nullptr) throw py::type_error("OffloadManager: not initialised");
-  return static_cast<PyManager*>(v);
+  PyManager* m = SelfOrNull(self);
+  if (m == nullptr) throw py::type_error("OffloadManager: not initialised");
+  return m;
 }
 
 // Binds a METH_FASTCALL | METH_KEYWORDS call's arguments to `names` (out[i] stays nullptr when
