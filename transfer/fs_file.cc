@@ -321,6 +321,10 @@ namespace {
 
 // How a finished O_TMPFILE gets its name: linkat(fd, "", AT_EMPTY_PATH) (Linux >= 6.10 lets the
 // opener do it unprivileged), else through /proc/self/fd/N, else not at all (named temp files).
+// Learnt by this process's first link. A wrong "not at all" (the first link's directory removed
+// under it: ENOENT both ways) only costs speed: every later write takes the named temp file.
+// A file system without O_TMPFILE costs one refused open per write (tiers on other file systems
+// keep theirs).
 enum class TmpLink : int { kUnknown, kEmptyPath, kProcFd, kNone };
 std::atomic<int> g_tmp_link{static_cast<int>(TmpLink::kUnknown)};
 
