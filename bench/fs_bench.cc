@@ -1,10 +1,12 @@
 // File-tier benchmarks (`kvo bench fs`): blocks written through FsBlockStore (one file per block,
-// vLLM's layout, temp file + rename, integrity record) and read back (verified), against a plain
+// vLLM's layout, O_TMPFILE + linkat, integrity record) and read back (verified), against a plain
 // sequential write/read of the same bytes to ONE file on the same disk, in the same run, with the
-// same thread count (16). Page cache: both sides end their write phase with a sync (syncfs for
-// the tier, fsync for the file) inside the timed region, and both drop their files from the page
-// cache (posix_fadvise DONTNEED after the sync) before the read phase; in O_DIRECT mode both
-// sides use O_DIRECT. Each case runs twice (alternating) and keeps the best of each side.
+// same thread count (16); blocks under 2 MiB (buffered) also against one NEW file per block in a
+// flat directory (FilePerBlock: the floor of any one-file-per-block layout), a second result
+// "<case>_{store,load}_vs_file_per_block". Page cache: both sides end their write phase with a sync
+// (syncfs for the tier, fsync for the file) inside the timed region, and both drop their files from
+// the page cache (posix_fadvise DONTNEED after the sync) before the read phase; in O_DIRECT mode
+// both sides use O_DIRECT. Each case runs twice (alternating) and keeps the best of each side.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,6 +71,42 @@ double PlainFile(const std::string& path, bool write, uint8_t* mem, uint64_t chu
   return failed ? -1 : secs;
 }
 
+// The floor of any one-file-per-block layout (vLLM's included): `n` NEW files of `chunk` bytes,
+// one per block, in ONE flat directory (no per-block directories to create or open), 16 threads:
+// open(O_CREAT|O_EXCL) + pwrite + close per block, then one syncfs (as the tier: fsync per file
+// would be slower); reads open + pread + close per block. No temp name, no rename, no integrity
+// record. Returns seconds.
+double FilePerBlock(const std::string& dir, bool write, uint8_t* mem, uint64_t chunk, uint64_t n,
+                    int threads) {
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  auto start = SteadyClock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&] {
+      char name[32];
+      for (uint64_t i = next++; i < n; i = next++) {
+        std::snprintf(name, sizeof(name), "/%llu.bin", static_cast<unsigned long long>(i));
+        const std::string path = dir + name;
+        int fd = write ? ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600)
+                       : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        uint8_t* p = mem + i * chunk;
+        ssize_t r = fd < 0 ? -1 : write ? ::pwrite(fd, p, chunk, 0) : ::pread(fd, p, chunk, 0);
+        if (r != static_cast<ssize_t>(chunk)) failed = true;
+        if (fd >= 0) ::close(fd);
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (write) {
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ::syncfs(dfd);
+    ::close(dfd);
+  }
+  double secs = Since(start);
+  return failed ? -1 : secs;
+}
+
 struct FsCase {
   std::string name;
   uint64_t block_bytes;
@@ -76,7 +114,8 @@ struct FsCase {
   bool direct;
 };
 
-// Returns {tier write s, tier read s, plain write s, plain read s} (best of `reps`), or empty.
+// Returns {tier write s, tier read s, plain write s, plain read s, file-per-block write s, read s}
+// (best of `reps`; the last two only for buffered cases of blocks under 2 MiB), or empty.
 std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
   ScopedTempDir scratch("fs-bench");
   if (scratch.path().empty()) return {};
@@ -86,7 +125,8 @@ std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
     uint64_t v = i * 0x9E3779B97F4A7C15ull;
     std::memcpy(mem + i, &v, 8);
   }
-  std::vector<double> best = {1e30, 1e30, 1e30, 1e30};
+  std::vector<double> best = {1e30, 1e30, 1e30, 1e30, 1e30, 1e30};
+  const bool per_block = !c.direct && c.block_bytes < (2ull << 20);
   const std::string root = scratch.path() + "/tier";
   std::filesystem::create_directories(root);
   for (int rep = 0; rep < reps; ++rep) {
@@ -157,6 +197,24 @@ std::vector<double> RunCase(const FsCase& c, int reps, bool* tier_direct) {
     }
     best[2] = std::min(best[2], w);
     best[3] = std::min(best[3], r);
+
+    if (per_block) {
+      const std::string flat = scratch.path() + "/per-block";
+      std::filesystem::create_directories(flat);
+      w = FilePerBlock(flat, true, mem, c.block_bytes, c.blocks, 16);
+      for (uint64_t i = 0; i < c.blocks; ++i) {
+        DropFromCache(flat + "/" + std::to_string(i) + ".bin");
+      }
+      r = FilePerBlock(flat, false, mem, c.block_bytes, c.blocks, 16);
+      std::filesystem::remove_all(flat, ec);
+      if (w < 0 || r < 0) {
+        std::fprintf(stderr, "fs bench: file-per-block I/O failed\n");
+        std::free(mem);
+        return {};
+      }
+      best[4] = std::min(best[4], w);
+      best[5] = std::min(best[5], r);
+    }
   }
   std::free(mem);
   if (best[0] >= 1e30) return {};
@@ -206,6 +264,15 @@ int RunFsBench(const BenchOptions& options) {
                 " KiB; 16+16 tier threads; " + mode +
                 (c.direct && !direct ? " (O_DIRECT refused by the file system)" : "");
       PrintResult(r, options);
+      if (t[4] < 1e30) {
+        // The same tier figure against the floor of any one-file-per-block layout.
+        r.name = c.name + (phase == 0 ? "_store_vs_file_per_block" : "_load_vs_file_per_block");
+        r.baseline = static_cast<double>(c.blocks) / t[phase + 4];
+        r.baseline_name = std::string("one new file per block, flat directory, 16 threads, ") +
+                          (phase == 0 ? "open O_CREAT|O_EXCL + pwrite + close, one syncfs"
+                                      : "open + pread + close");
+        PrintResult(r, options);
+      }
     }
   }
   return rc;

@@ -42,8 +42,9 @@ Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
       return Status::InvalidArgument(where + ": tier type '" + t.type +
                                      "' is not implemented by kvo (supported: fs)");
     }
-    KVO_ASSIGN_OR_RETURN(std::shared_ptr<SecondaryTier> tier,
-                         BuildFsTier(t.fs, o.run, g, o.cpu_rows, o.enable_kv_cache_events, where));
+    KVO_ASSIGN_OR_RETURN(
+        std::shared_ptr<SecondaryTier> tier,
+        BuildFsTier(t.fs, o.run, o.rank, g, o.cpu_rows, o.enable_kv_cache_events, where));
     m.secondary_tiers.push_back(std::move(tier));
   }
   return m;
@@ -52,7 +53,7 @@ Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
 }  // namespace
 
 Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const FsRunFields& run,
-                                                   const OffloadGeometry& g,
+                                                   uint32_t rank, const OffloadGeometry& g,
                                                    const HostRegion& cpu_rows,
                                                    bool enable_kv_cache_events,
                                                    const std::string& where) {
@@ -60,6 +61,9 @@ Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const
   fo.root_dir = fs.root_dir;
   fo.fields = run;
   fo.fields.blocks_per_file = static_cast<uint32_t>(g.blocks_per_chunk);
+  // vLLM's FileMapper: a parallelism-agnostic (or replicated) layout collapses the rank to 0, so
+  // every rank shares one directory; otherwise each rank has its own <ns>_r<rank>.
+  fo.rank = run.parallel_agnostic ? 0 : rank;
   fo.n_read_threads = static_cast<int>(fs.n_read_threads);
   fo.n_write_threads = static_cast<int>(fs.n_write_threads);
   Result<std::shared_ptr<FsTransport>> transport = FsTransport::Create(fo, cpu_rows);

@@ -39,6 +39,9 @@ struct OffloadStackOptions {
   // The run identity the file tier's directory digest is computed from (model, dtype, groups,
   // parallelism); blocks_per_file is taken from the geometry.
   FsRunFields run;
+  // This process's rank (vLLM's parallel.rank): the file tiers' directory is <namespace>_r<rank>,
+  // rank 0 whatever this is when run.parallel_agnostic (vLLM's FileMapper rule).
+  uint32_t rank = 0;
   bool enable_kv_cache_events = false;  // the global --kv-events-config flag
   // The manager's options as the caller sets them (publisher, journal, clock, data_parallel_rank,
   // track_blocks, ...). The builder overwrites what the config and geometry decide: num_blocks,
@@ -48,9 +51,10 @@ struct OffloadStackOptions {
 };
 
 // One `fs` secondary tier as the stack builds it (also used alone: kvo.vllm.KvoFsTier under vLLM's
-// own CPU tier). `where` prefixes errors (e.g. "secondary_tiers[0]").
+// own CPU tier). `where` prefixes errors (e.g. "secondary_tiers[0]"). `rank` as
+// OffloadStackOptions::rank (0 when run.parallel_agnostic).
 Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const FsRunFields& run,
-                                                   const OffloadGeometry& geometry,
+                                                   uint32_t rank, const OffloadGeometry& geometry,
                                                    const HostRegion& cpu_rows,
                                                    bool enable_kv_cache_events,
                                                    const std::string& where);

@@ -2,13 +2,17 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -28,6 +32,25 @@ Status Errno(std::string_view what, std::string_view name, int err) {
     return Status::FailedPrecondition(std::move(m));
   }
   return Status::IOError(std::move(m));
+}
+
+// openat2(2) with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH: `rel` (several components) is resolved
+// beneath `dirfd`, a symlink anywhere (or "..", or an absolute path) fails it with ELOOP / EXDEV.
+// -1 with errno ENOSYS where the kernel (or a seccomp filter: EPERM) has no openat2.
+int OpenBeneath(int dirfd, const char* rel, int flags, mode_t mode = 0) {
+#ifdef SYS_openat2
+  struct open_how how {};
+  how.flags = static_cast<uint64_t>(flags);
+  how.mode = (flags & (O_CREAT | O_TMPFILE)) != 0 ? mode : 0;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH;
+  long fd = ::syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
+  if (fd < 0 && errno == EPERM) errno = ENOSYS;  // seccomp: treat as absent
+  return static_cast<int>(fd);
+#else
+  (void)dirfd, (void)rel, (void)flags, (void)mode;
+  errno = ENOSYS;
+  return -1;
+#endif
 }
 
 void PutU64(std::string* s, uint64_t v) {
@@ -266,22 +289,136 @@ uint64_t RandomU63() {
   return rng() >> 1;
 }
 
+Result<Dir> OpenBlockDir(const Dir& base, std::string_view dir1, std::string_view dir2, bool create,
+                         uint32_t dir_mode, std::string_view what, bool* created) {
+  if (created != nullptr) *created = false;
+  std::string rel;
+  rel.reserve(dir1.size() + 1 + dir2.size());
+  rel.append(dir1).append(1, '/').append(dir2);
+  int fd = OpenBeneath(base.fd(), rel.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) return Dir(fd);
+  if (errno == ENOENT && !create) {
+    return Status::NotFound(std::string(what) + " '" + rel + "' does not exist");
+  }
+  // Missing (to create), a symlink or non-directory on the way (ELOOP, ENOTDIR: the per-level
+  // walk names which), no openat2 (ENOSYS, EINVAL), anything else: one component at a time.
+  const bool missing = errno == ENOENT;
+  KVO_ASSIGN_OR_RETURN(Dir d1, OpenChildDir(base, dir1, create, dir_mode, what));
+  if (missing) {
+    // The leaf was missing and its parent exists now: create it before the first open (saves
+    // the open that would fail). EEXIST (a racing creator) is fine; what it is, the open checks.
+    const std::string n(dir2);
+    if (::mkdirat(d1.fd(), n.c_str(), static_cast<mode_t>(dir_mode)) == 0) {
+      if (created != nullptr) *created = true;
+    } else if (errno != EEXIST) {
+      return Errno(std::string("create ") + std::string(what), n, errno);
+    }
+  }
+  return OpenChildDir(d1, dir2, create, dir_mode, what);
+}
+
+namespace {
+
+// How a finished O_TMPFILE gets its name: linkat(fd, "", AT_EMPTY_PATH) (Linux >= 6.10 lets the
+// opener do it unprivileged), else through /proc/self/fd/N, else not at all (named temp files).
+// Learnt by this process's first link. A wrong "not at all" (the first link's directory removed
+// under it: ENOENT both ways) only costs speed: every later write takes the named temp file.
+// A file system without O_TMPFILE costs one refused open per write (tiers on other file systems
+// keep theirs).
+enum class TmpLink : int { kUnknown, kEmptyPath, kProcFd, kNone };
+std::atomic<int> g_tmp_link{static_cast<int>(TmpLink::kUnknown)};
+
+// Names the open O_TMPFILE `fd` as `name` in `dir` (never replacing: EEXIST when taken). -1 with
+// errno ENOTSUP when this process cannot link temp files (the caller falls back).
+int LinkTmpFile(int fd, const Dir& dir, const char* name) {
+  auto mode = static_cast<TmpLink>(g_tmp_link.load(std::memory_order_relaxed));
+  if (mode == TmpLink::kUnknown || mode == TmpLink::kEmptyPath) {
+    if (::linkat(fd, "", dir.fd(), name, AT_EMPTY_PATH) == 0) {
+      g_tmp_link.store(static_cast<int>(TmpLink::kEmptyPath), std::memory_order_relaxed);
+      return 0;
+    }
+    // ENOENT / EPERM: AT_EMPTY_PATH refused to this process (an older kernel without
+    // CAP_DAC_READ_SEARCH); any other error is the link's own.
+    if (errno != ENOENT && errno != EPERM) return -1;
+    if (mode == TmpLink::kEmptyPath) return -1;  // it worked before: ENOENT is real
+  }
+  if (mode != TmpLink::kNone) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    if (::linkat(AT_FDCWD, path, dir.fd(), name, AT_SYMLINK_FOLLOW) == 0) {
+      g_tmp_link.store(static_cast<int>(TmpLink::kProcFd), std::memory_order_relaxed);
+      return 0;
+    }
+    if (errno != ENOENT && errno != EPERM && errno != EACCES) return -1;
+    if (mode == TmpLink::kProcFd) return -1;
+  }
+  g_tmp_link.store(static_cast<int>(TmpLink::kNone), std::memory_order_relaxed);
+  errno = ENOTSUP;
+  return -1;
+}
+
+// Writes body and record to the open file `fd` (named `shown` in errors). A sidecar record is
+// written (and renamed into place) beside `name` first.
+Status WriteBodyAndRecord(const Dir& dir, int fd, const std::string& name, const std::string& shown,
+                          const void* data, size_t n, const WriteOptions& opts);
+
+}  // namespace
+
+void ForceNamedTempFilesForTest(bool on) {
+  g_tmp_link.store(static_cast<int>(on ? TmpLink::kNone : TmpLink::kUnknown));
+}
+
 Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, const void* data,
                                      size_t n, const WriteOptions& opts) {
   struct stat st {};
-  if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  if (opts.dir_is_new) {
+    // Nothing to look for in a directory this writer just created (a racing writer of the same
+    // name is met by linkat's EEXIST, or replaced by rename as before).
+  } else if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
     if (!S_ISREG(st.st_mode)) {
       return Status::FailedPrecondition("'" + name +
                                         "' exists and is not a regular file (symlink?); not "
                                         "written");
     }
     return WriteOutcome::kExisted;
+  } else if (errno != ENOENT) {
+    return Errno("stat", name, errno);
   }
-  if (errno != ENOENT) return Errno("stat", name, errno);
+  const bool direct = opts.o_direct && Aligned(data, n);
+
+  // A nameless O_TMPFILE linked under `name` once whole: no temp name, no rename, nothing left
+  // behind by a crash, and linkat never replaces (a racing writer's file stays; EEXIST).
+  if (g_tmp_link.load(std::memory_order_relaxed) != static_cast<int>(TmpLink::kNone)) {
+    const int tflags = O_TMPFILE | O_WRONLY | O_CLOEXEC;
+    int fd = ::openat(dir.fd(), ".", tflags | (direct ? O_DIRECT : 0),
+                      static_cast<mode_t>(opts.file_mode));
+    if (fd < 0 && direct && errno == EINVAL) {
+      fd = ::openat(dir.fd(), ".", tflags, static_cast<mode_t>(opts.file_mode));
+    }
+    if (fd >= 0) {
+      Fd file(fd);
+      KVO_RETURN_IF_ERROR(WriteBodyAndRecord(dir, file.get(), name, name, data, n, opts));
+      if (LinkTmpFile(file.get(), dir, name.c_str()) == 0) return WriteOutcome::kWritten;
+      const int err = errno;
+      if (err == EEXIST) {  // a concurrent writer of the same block named it first
+        if (::fstatat(dir.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            !S_ISREG(st.st_mode)) {
+          return Status::FailedPrecondition("'" + name +
+                                            "' exists and is not a regular file (symlink?); not "
+                                            "written");
+        }
+        return WriteOutcome::kExisted;
+      }
+      if (err != ENOTSUP) return Errno("link", name, err);
+      // This process cannot link temp files: the named temp file below (written again).
+    } else if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+      // EOPNOTSUPP / EISDIR / EINVAL: no O_TMPFILE on this file system or kernel (fall back).
+      return Errno("create a temp file for", name, errno);
+    }
+  }
 
   const std::string tmp = name + "_" + std::to_string(RandomU63()) + ".tmp";
   int flags = O_CREAT | O_EXCL | O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC;
-  const bool direct = opts.o_direct && Aligned(data, n);
   int fd = ::openat(dir.fd(), tmp.c_str(), flags | (direct ? O_DIRECT : 0),
                     static_cast<mode_t>(opts.file_mode));
   if (fd < 0 && direct && errno == EINVAL) {
@@ -293,29 +430,8 @@ Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, co
     ::unlinkat(dir.fd(), tmp.c_str(), 0);
     return s;
   };
-  Status s = WriteAll(file.get(), data, n, tmp);
+  Status s = WriteBodyAndRecord(dir, file.get(), name, tmp, data, n, opts);
   if (!s.ok()) return fail(s);
-  if (opts.write_checksum) {
-    IntegrityRecord record;
-    record.length = n;
-    record.xxh3 = Xxh3(data, n);
-    record.identity = opts.identity;
-    const std::string rec = EncodeRecord(record);
-    if (opts.checksum == ChecksumStore::kXattr) {
-      if (::fsetxattr(file.get(), kXattrName, rec.data(), rec.size(), 0) != 0) {
-        return fail(Errno("set integrity record on", tmp, errno));
-      }
-    } else {
-      WriteOptions side = opts;
-      side.o_direct = false;
-      side.write_checksum = false;
-      const std::string side_name = name + kSidecarSuffix;
-      // A stale sidecar (of a block removed since) is replaced.
-      ::unlinkat(dir.fd(), side_name.c_str(), 0);
-      auto r = WriteFileAtomic(dir, side_name, rec.data(), rec.size(), side);
-      if (!r.ok()) return fail(r.status());
-    }
-  }
   if (::close(file.release()) != 0) return fail(Errno("close", tmp, errno));
   if (::renameat(dir.fd(), tmp.c_str(), dir.fd(), name.c_str()) != 0) {
     return fail(Errno("rename to", name, errno));
@@ -323,25 +439,56 @@ Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, co
   return WriteOutcome::kWritten;
 }
 
-Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, void* data, size_t n,
-                                    const ReadOptions& opts) {
-  ReadResult out;
-  const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
-  const bool direct = opts.o_direct && Aligned(data, n);
-  int fd = ::openat(dir.fd(), name.c_str(), flags | (direct ? O_DIRECT : 0));
-  if (fd < 0 && direct && errno == EINVAL) fd = ::openat(dir.fd(), name.c_str(), flags);
-  if (fd < 0) {
-    if (errno == ENOENT) return out;  // kMissing
-    // Any other open error (ELOOP: a symlink, never followed; EACCES, EIO, EMFILE ...) is an
-    // error, not corruption: the path is left as it is (vLLM removes a block only on a proven
-    // short read; a passing fault must not become data loss).
-    return Errno("open", name, errno);
+namespace {
+
+Status WriteBodyAndRecord(const Dir& dir, int fd, const std::string& name, const std::string& shown,
+                          const void* data, size_t n, const WriteOptions& opts) {
+  KVO_RETURN_IF_ERROR(WriteAll(fd, data, n, shown));
+  if (!opts.write_checksum) return Status::Ok();
+  IntegrityRecord record;
+  record.length = n;
+  record.xxh3 = Xxh3(data, n);
+  record.identity = opts.identity;
+  const std::string rec = EncodeRecord(record);
+  if (opts.checksum == ChecksumStore::kXattr) {
+    if (::fsetxattr(fd, kXattrName, rec.data(), rec.size(), 0) != 0) {
+      return Errno("set integrity record on", shown, errno);
+    }
+    return Status::Ok();
   }
+  WriteOptions side = opts;
+  side.dir_is_new = false;  // the sidecar's name was just unlinked; look anyway
+  side.o_direct = false;
+  side.write_checksum = false;
+  const std::string side_name = name + kSidecarSuffix;
+  // A stale sidecar (of a block removed since) is replaced.
+  ::unlinkat(dir.fd(), side_name.c_str(), 0);
+  auto r = WriteFileAtomic(dir, side_name, rec.data(), rec.size(), side);
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+}  // namespace
+
+namespace {
+
+// The body of ReadFileVerified once `fd` (of `name`) is open. `dir` is the directory holding
+// `name` (for sidecar records), or nullptr when not open: `open_dir` then opens it, needed only
+// to remove a corrupt file.
+Result<ReadResult> ReadOpened(const Dir* dir, const std::function<Result<Dir>()>& open_dir, int fd,
+                              const std::string& name, void* data, size_t n, bool direct,
+                              const ReadOptions& opts) {
+  ReadResult out;
   Fd file(fd);
   struct stat st {};
   if (::fstat(file.get(), &st) != 0) return Errno("stat", name, errno);
   auto corrupt = [&](ReadResult r) {
-    if (opts.remove_corrupt) RemoveIfSame(dir, name, st);
+    if (opts.remove_corrupt) {
+      if (dir != nullptr) {
+        RemoveIfSame(*dir, name, st);
+      } else if (auto d = open_dir(); d.ok()) {
+        RemoveIfSame(*d, name, st);
+      }
+    }
     r.outcome = ReadOutcome::kCorrupt;
     return r;
   };
@@ -355,8 +502,10 @@ Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, voi
     return corrupt(std::move(out));
   }
   std::optional<IntegrityRecord> rec;
-  KVO_ASSIGN_OR_RETURN(ReadResult checked, CheckRecord(dir, file.get(), name, n, opts.checksum,
-                                                       opts.require_checksum, opts.identity, &rec));
+  const Dir none;
+  KVO_ASSIGN_OR_RETURN(ReadResult checked,
+                       CheckRecord(dir != nullptr ? *dir : none, file.get(), name, n, opts.checksum,
+                                   opts.require_checksum, opts.identity, &rec));
   if (checked.outcome == ReadOutcome::kCorrupt) return corrupt(std::move(checked));
   // Buffered: the whole file is wanted at once; a larger readahead window saves round trips.
   if (!direct) ::posix_fadvise(file.get(), 0, static_cast<off_t>(n), POSIX_FADV_SEQUENTIAL);
@@ -373,6 +522,50 @@ Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, voi
     checked.verified = true;
   }
   return checked;
+}
+
+}  // namespace
+
+Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, void* data, size_t n,
+                                    const ReadOptions& opts) {
+  const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
+  const bool direct = opts.o_direct && Aligned(data, n);
+  int fd = ::openat(dir.fd(), name.c_str(), flags | (direct ? O_DIRECT : 0));
+  if (fd < 0 && direct && errno == EINVAL) fd = ::openat(dir.fd(), name.c_str(), flags);
+  if (fd < 0) {
+    if (errno == ENOENT) return ReadResult{};  // kMissing
+    // Any other open error (ELOOP: a symlink, never followed; EACCES, EIO, EMFILE ...) is an
+    // error, not corruption: the path is left as it is (vLLM removes a block only on a proven
+    // short read; a passing fault must not become data loss).
+    return Errno("open", name, errno);
+  }
+  return ReadOpened(&dir, nullptr, fd, name, data, n, direct, opts);
+}
+
+Result<std::optional<ReadResult>> ReadBlockFileVerified(const Dir& base, std::string_view dir1,
+                                                        std::string_view dir2,
+                                                        const std::string& name, void* data,
+                                                        size_t n, const ReadOptions& opts) {
+  if (opts.checksum != ChecksumStore::kXattr) return std::optional<ReadResult>();
+  std::string rel;
+  rel.reserve(dir1.size() + dir2.size() + name.size() + 2);
+  rel.append(dir1).append(1, '/').append(dir2).append(1, '/').append(name);
+  const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK;
+  const bool direct = opts.o_direct && Aligned(data, n);
+  int fd = OpenBeneath(base.fd(), rel.c_str(), flags | (direct ? O_DIRECT : 0));
+  if (fd < 0 && direct && errno == EINVAL) fd = OpenBeneath(base.fd(), rel.c_str(), flags);
+  if (fd < 0) {
+    // No symlink was met (that is ELOOP), so ENOENT is a plain miss; anything else (a symlink
+    // somewhere, no openat2, EACCES ...) goes through the per-level walk, which names it.
+    if (errno == ENOENT) return std::optional<ReadResult>(ReadResult{});
+    return std::optional<ReadResult>();
+  }
+  auto open_dir = [&]() -> Result<Dir> {
+    return OpenBlockDir(base, dir1, dir2, false, 0700, "block directory");
+  };
+  KVO_ASSIGN_OR_RETURN(ReadResult r,
+                       ReadOpened(nullptr, open_dir, fd, name, data, n, direct, opts));
+  return std::optional<ReadResult>(std::move(r));
 }
 
 Result<ReadResult> VerifyFile(const Dir& dir, const std::string& name, const VerifyOptions& opts) {

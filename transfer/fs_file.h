@@ -77,21 +77,36 @@ Result<Dir> OpenRootDir(const std::string& path);
 Result<Dir> OpenChildDir(const Dir& parent, std::string_view name, bool create, uint32_t dir_mode,
                          std::string_view what);
 
+// Opens `dir1`/`dir2` below `base` (one component each) in one openat2(RESOLVE_NO_SYMLINKS |
+// RESOLVE_BENEATH) call; where that fails (missing and `create`, a symlink or non-directory on
+// the way, no openat2) it walks one component at a time with OpenChildDir, whose errors it gives.
+// NotFound when missing and !create. *created (when given): the leaf was created by this call.
+Result<Dir> OpenBlockDir(const Dir& base, std::string_view dir1, std::string_view dir2, bool create,
+                         uint32_t dir_mode, std::string_view what, bool* created = nullptr);
+
 struct WriteOptions {
   uint32_t file_mode = 0600;
   bool o_direct = false;  // used only when buffer address and length are 4096-aligned
   ChecksumStore checksum = ChecksumStore::kXattr;
   bool write_checksum = true;
   uint64_t identity = 0;  // BlockIdentity of the name written, recorded with the checksum
+  // `dir` was just created by this writer (OpenBlockDir's *created): skip the existence check.
+  bool dir_is_new = false;
 };
 
 enum class WriteOutcome : uint8_t { kWritten, kExisted };
 
 // Writes `data` as `name` in `dir`: skip when `name` exists (kExisted; a symlink or non-regular
-// file there is an error), else temp file "<name>_<random 63-bit>.tmp" (O_CREAT|O_EXCL|O_NOFOLLOW)
-// + integrity record + renameat. On error the temp file is removed; OutOfSpace on ENOSPC/EDQUOT.
+// file there is an error), else a nameless O_TMPFILE + integrity record + linkat to `name` (never
+// replacing: a concurrent writer's file wins, kExisted); where the file system or kernel cannot
+// (no O_TMPFILE, no unprivileged link of one), temp file "<name>_<random 63-bit>.tmp"
+// (O_CREAT|O_EXCL|O_NOFOLLOW) + record + renameat. On error no temp file is left; OutOfSpace on
+// ENOSPC/EDQUOT.
 Result<WriteOutcome> WriteFileAtomic(const Dir& dir, const std::string& name, const void* data,
                                      size_t n, const WriteOptions& opts);
+// Tests: true makes every later write in this process take the fallback (named temp file +
+// renameat), as on a file system or kernel that cannot link an O_TMPFILE; false re-detects.
+void ForceNamedTempFilesForTest(bool on);
 
 enum class ReadOutcome : uint8_t {
   kOk,       // read whole; checksum verified (or none recorded and none required)
@@ -117,6 +132,16 @@ struct ReadOptions {
 // removed (only if it is still the same inode). IOError for other failures (file left alone).
 Result<ReadResult> ReadFileVerified(const Dir& dir, const std::string& name, void* data, size_t n,
                                     const ReadOptions& opts);
+
+// ReadFileVerified of `dir1`/`dir2`/`name` below `base`, the file opened in one openat2
+// (RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH) call: kMissing when any component is missing. nullopt
+// when that call cannot decide (a symlink or non-directory on the way, no openat2, another open
+// error, sidecar records): the caller then opens the directories and calls ReadFileVerified, which
+// classifies it exactly as before.
+Result<std::optional<ReadResult>> ReadBlockFileVerified(const Dir& base, std::string_view dir1,
+                                                        std::string_view dir2,
+                                                        const std::string& name, void* data,
+                                                        size_t n, const ReadOptions& opts);
 
 struct VerifyOptions {
   ChecksumStore checksum = ChecksumStore::kXattr;

@@ -55,12 +55,14 @@ def _from_config(extra_config: Mapping[str, Any], *, worker_kv_bytes_per_block: 
                  groups: Optional[Sequence[Tuple[int, Sequence[str]]]] = None,
                  tp_size: int = 1, pp_size: int = 1, pcp_size: int = 1, dcp_size: int = 1,
                  parallel_agnostic: bool = False, cpu_rows: Any = None,
-                 track_blocks: bool = False) -> OffloadManager:
+                 track_blocks: bool = False, rank: int = 0) -> OffloadManager:
     """A manager built as vLLM's connector builds its spec's manager: `extra_config` is the
     `kv_connector_extra_config` dict (CPUOffloadingSpec or TieringOffloadingSpec keys, kvo's
     max_bytes / journal keys), the rest the geometry vLLM derives from the engine. `cpu_rows`
     (a writable buffer of num_blocks * row_bytes) is where file tiers read and write CPU rows;
-    without it the rows are reserved lazily in this process.
+    without it the rows are reserved lazily in this process. `rank` (vLLM's parallel.rank) names
+    the file tiers' rank directory <namespace>_r<rank>, as vLLM's FileMapper does; it is 0 whatever
+    is passed when `parallel_agnostic` (or replicated_layout) holds.
 
     kvo's journal keys: `journal_dir` (str) keeps a durable journal of the manager's events there
     (every take_events batch is appended and flushed: it survives a crash of the process); a
@@ -81,6 +83,7 @@ def _from_config(extra_config: Mapping[str, Any], *, worker_kv_bytes_per_block: 
         "tokens_per_hash": tokens_per_hash or gpu_block_size,
         "tp_size": tp_size, "pp_size": pp_size, "pcp_size": pcp_size, "dcp_size": dcp_size,
         "parallel_agnostic": parallel_agnostic, "replicated_layout": replicated_layout,
+        "rank": rank,
         "groups": [(int(t), list(names)) for t, names in (groups or [(gpu_block_size, [])])],
     }
     return OffloadManager._from_config_json(

@@ -130,6 +130,9 @@ def _run(config) -> dict:
         "parallel_agnostic": bool(p.is_parallelism_agnostic)
         or bool(getattr(config, "replicated_layout", False)),
         "replicated_layout": bool(getattr(config, "replicated_layout", False)),
+        # vLLM's FileMapper names the rank directory _r{parallel.rank}; rank 0 when the layout
+        # is parallelism-agnostic or replicated (the C++ side applies that rule: BuildFsTier).
+        "rank": int(p.rank),
         "groups": [(g.tokens_per_block, list(g.layer_names)) for g in config.groups],
     }
 
@@ -217,7 +220,7 @@ def _run_kwargs(config) -> dict:
     r = _run(config)
     return dict(model_name=r["model_name"], dtype=r["dtype"], groups=r["groups"],
                 tp_size=r["tp_size"], pp_size=r["pp_size"], pcp_size=r["pcp_size"],
-                dcp_size=r["dcp_size"], parallel_agnostic=r["parallel_agnostic"])
+                dcp_size=r["dcp_size"], parallel_agnostic=r["parallel_agnostic"], rank=r["rank"])
 
 
 class KvoManager(_base.OffloadingManager):

@@ -294,8 +294,8 @@ class PyManager {
   // already holds records is a restart: the manager is recovered from it (CPU blocks announced
   // removed, file tiers reconciled with their directories) and keeps appending.
   PyManager(const std::string& config_json, const KvGeometry& kv, const FsRunFields& run,
-            bool enable_kv_cache_events, std::optional<int64_t> dp_rank, py::object cpu_rows,
-            bool track_blocks, const std::optional<std::string>& journal_dir,
+            uint32_t rank, bool enable_kv_cache_events, std::optional<int64_t> dp_rank,
+            py::object cpu_rows, bool track_blocks, const std::optional<std::string>& journal_dir,
             const std::string& journal_fsync) {
     OffloadStackOptions o;
     o.config = Unwrap(ParseOffloadConfig(config_json, kv));
@@ -309,6 +309,7 @@ class PyManager {
                      ? rows_.Reserve(o.geometry.num_blocks, o.geometry.row_bytes)
                      : rows_.Adopt(std::move(cpu_rows), o.geometry.row_bytes, "cpu_rows");
     o.run = run;
+    o.rank = rank;
     o.enable_kv_cache_events = enable_kv_cache_events;
     o.manager.data_parallel_rank = dp_rank;
     o.manager.track_blocks = track_blocks;
@@ -331,6 +332,26 @@ class PyManager {
   }
 
   bool recovered() const { return recovered_; }
+
+  // lookup's hot path, in raw CPython calls: an exact bytes key of a valid length and the same
+  // request context as the previous call (or None twice). Returns a new reference, or nullptr
+  // (no Python error set) when the call needs the full path (conversion, errors, a new context).
+  PyObject* LookupFast(PyObject* key, PyObject* ctx) {
+    if (!PyBytes_CheckExact(key) || manager_ == nullptr || ctx != last_ctx_.ptr()) return nullptr;
+    const Py_ssize_t n = PyBytes_GET_SIZE(key);
+    if (n <= static_cast<Py_ssize_t>(kGroupBytes) || n > static_cast<Py_ssize_t>(kMaxKeyBytes)) {
+      return nullptr;
+    }
+    const char* p = PyBytes_AS_STRING(key);
+    const auto* g = reinterpret_cast<const unsigned char*>(p + n - kGroupBytes);
+    const uint32_t group =
+        (uint32_t{g[0]} << 24) | (uint32_t{g[1]} << 16) | (uint32_t{g[2]} << 8) | g[3];
+    const OffloadKey k =
+        OffloadKey::FromDigest(std::string_view(p, static_cast<size_t>(n) - kGroupBytes), group);
+    PyObject* r = g_lookup_values[static_cast<int>(manager_->Lookup(k, ctx_))];
+    Py_INCREF(r);
+    return r;
+  }
 
   py::object Lookup(py::handle key, py::handle ctx) {
     OffloadKey k = KeyFromObject(key.ptr(), "key");
@@ -563,12 +584,27 @@ py::object PyManager::LookupEnum(LookupResult r) {
   return py::reinterpret_borrow<py::object>(g_lookup_values[static_cast<int>(r)]);
 }
 
+// The PyManager of a manager instance, or nullptr when not initialised.
+PyManager* SelfOrNull(PyObject* self) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  void* v =
+      inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
+  return static_cast<PyManager*>(v);
+}
+
 PyManager* Self(PyObject* self);
 
 // `lookup` through CPython's vectorcall protocol: the per-key call is the scheduler's hot path and
 // pybind11's generic dispatcher costs more than the lookup itself. Positional calls land here;
 // calls with keywords go to the pybind11 method kept as `_lookup`.
 PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  // The common call first: lookup(key, ctx) positionally with the previous call's context.
+  if (kwnames == nullptr && (nargs == 1 || nargs == 2)) {
+    if (PyManager* m = SelfOrNull(self); m != nullptr) {
+      PyObject* r = m->LookupFast(args[0], nargs == 2 ? args[1] : Py_None);
+      if (r != nullptr) return r;
+    }
+  }
   try {
     if ((kwnames != nullptr && PyTuple_GET_SIZE(kwnames) > 0) || nargs < 1 || nargs > 2) {
       py::object slow = py::reinterpret_borrow<py::object>(self).attr("_lookup");
@@ -587,11 +623,9 @@ PyObject* FastLookup(PyObject* self, PyObject* const* args, Py_ssize_t nargs, Py
 }
 
 PyManager* Self(PyObject* self) {
-  auto* inst = reinterpret_cast<py::detail::instance*>(self);
-  void* v =
-      inst->simple_layout ? inst->simple_value_holder[0] : inst->nonsimple.values_and_holders[0];
-  if (v == nullptr) throw py::type_error("OffloadManager: not initialised");
-  return static_cast<PyManager*>(v);
+  PyManager* m = SelfOrNull(self);
+  if (m == nullptr) throw py::type_error("OffloadManager: not initialised");
+  return m;
 }
 
 // Binds a METH_FASTCALL | METH_KEYWORDS call's arguments to `names` (out[i] stays nullptr when
@@ -745,8 +779,8 @@ PYBIND11_MODULE(_kvo, m) {
                 json,
                 GeometryFrom(worker_kv_bytes_per_block, gpu_block_size, tokens_per_hash, world_size,
                              replicated_layout),
-                RunFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows), track_blocks,
-                journal_dir, journal_fsync);
+                RunFrom(run), RankFrom(run), enable_kv_cache_events, dp_rank, std::move(cpu_rows),
+                track_blocks, journal_dir, journal_fsync);
           },
           py::arg("json"), py::arg("worker_kv_bytes_per_block"), py::arg("gpu_block_size"),
           py::arg("tokens_per_hash"), py::arg("world_size"), py::arg("replicated_layout"),

@@ -326,6 +326,25 @@ inline FsRunFields RunFrom(const py::dict& run) {
   return f;
 }
 
+// The rank in a run dict (vLLM's parallel.rank; 0 when absent): the file tiers' <ns>_r<rank>.
+inline uint32_t RankFrom(const py::dict& run) {
+  if (!run.contains("rank")) return 0;
+  py::handle r = run["rank"];
+  if (r.is_none()) return 0;
+  if (!PyLong_Check(r.ptr()) || PyBool_Check(r.ptr())) {
+    throw py::type_error("rank: expected an int, got " + TypeName(r));
+  }
+  const long long v = PyLong_AsLongLong(r.ptr());
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error("rank: out of range [0, 2147483647]");
+  }
+  if (v < 0 || v > 2147483647LL) {
+    throw py::value_error("rank: " + std::to_string(v) + " is out of range [0, 2147483647]");
+  }
+  return static_cast<uint32_t>(v);
+}
+
 // Binds kvo.FsTier and kvo.TransferEngine (tier_bindings.cc).
 void BindFsTierAndEngine(py::module_& m);
 

@@ -13,7 +13,7 @@ class PyFsTier {
   // `row_bytes` (the view's first stride), as many rows as the view holds; blocks_per_chunk
   // names the files' namespace (vLLM's blocks_per_file). `config_json` holds the one fs tier.
   PyFsTier(const std::string& config_json, uint64_t row_bytes, uint64_t blocks_per_chunk,
-           const FsRunFields& run, py::object rows, bool enable_kv_cache_events) {
+           const FsRunFields& run, uint32_t rank, py::object rows, bool enable_kv_cache_events) {
     OffloadConfig c = Unwrap(ParseOffloadConfig(config_json));
     if (c.secondary_tiers.size() != 1 || c.secondary_tiers[0].type != "fs") {
       throw py::value_error("secondary_tiers: expected one fs tier");
@@ -28,7 +28,7 @@ class PyFsTier {
     geometry_.row_bytes = row_bytes;
     geometry_.num_blocks = region.num_slots;
     geometry_.blocks_per_chunk = blocks_per_chunk;
-    tier_ = Unwrap(BuildFsTier(c.secondary_tiers[0].fs, run, geometry_, region,
+    tier_ = Unwrap(BuildFsTier(c.secondary_tiers[0].fs, run, rank, geometry_, region,
                                enable_kv_cache_events, "KvoFsTier"));
   }
 
@@ -250,7 +250,8 @@ void BindFsTierAndEngine(py::module_& m) {
       .def(py::init([](const std::string& json, uint64_t row_bytes, uint64_t blocks_per_chunk,
                        const py::dict& run, py::object rows, bool enable_kv_cache_events) {
              return std::make_unique<PyFsTier>(json, row_bytes, blocks_per_chunk, RunFrom(run),
-                                               std::move(rows), enable_kv_cache_events);
+                                               RankFrom(run), std::move(rows),
+                                               enable_kv_cache_events);
            }),
            py::arg("json"), py::arg("row_bytes"), py::arg("blocks_per_chunk"), py::arg("run"),
            py::arg("rows"), py::arg("enable_kv_cache_events"))
