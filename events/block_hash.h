@@ -102,9 +102,14 @@ class BlockHasher {
   // hash_fn(str): NONE_HASH when `s` is the seed.
   std::string HashString(std::string_view s);
 
+  // For tests: every block through the general pickler (the one-pass writer of the common
+  // block shape off), the reference the fast paths must equal byte for byte.
+  void set_general_path_only(bool on) { general_only_ = on; }
+
  private:
   struct Impl;
   HashAlgo algo_;
+  bool general_only_ = false;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -119,6 +124,8 @@ struct BlockHashOptions {
   // Optional extra keys per block (index i applies to block i); missing or nil means None.
   // Entries past the last full block are ignored.
   std::vector<Value> extra_keys;
+  // For tests: no fast path (BlockHasher::set_general_path_only, and no chain loop of its own).
+  bool general_path_only = false;
 };
 
 // Digests of every *full* block of `token_ids`, chained from options.none_hash. A block_size of 0

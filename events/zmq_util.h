@@ -96,8 +96,11 @@ inline std::optional<uint64_t> ParseLiveSeq(const std::vector<std::string_view>&
   return FromBigEndian(frames[1]);
 }
 
-inline Status ZmqError(std::string_view what, const zmq::error_t& e) {
-  return Status::IOError(std::string(what) + ": " + e.what());
-}
+// IOError "what: ZeroMQ's message"; a refused descriptor (EMFILE, ENFILE) also names the
+// open-file limit and ZeroMQ's socket limit (FdLimitNote).
+Status ZmqError(std::string_view what, const zmq::error_t& e);
+
+// The global context's socket limit (ZMQ_MAX_SOCKETS).
+int MaxSockets();
 
 }  // namespace kvo::zmq_util

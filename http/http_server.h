@@ -7,7 +7,9 @@
 // Each request is read under deadlines (the whole header, then the whole body); a kept-alive
 // connection waiting for its next request is closed after `keep_alive_timeout_ms`. A complete
 // request is handed to a bounded worker pool (`priority_paths`, e.g. /healthz, to a lane of its
-// own), so a slow handler never delays reading or answering other connections. Bodies are
+// own), so a slow handler never delays reading or answering other connections; the worker writes
+// the answer itself (a remainder the socket does not take at once goes through the I/O thread).
+// One descriptor is kept in reserve so that `accept` works when the process runs out. Bodies are
 // bounded per request (`max_body_bytes`, chunked or not) and together (`max_body_bytes_in_flight`);
 // connections are bounded (`max_connections`). Every refusal is a JSON {"error"} body.
 //

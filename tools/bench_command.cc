@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "common/fd_limit.h"
+#include "common/logging.h"
 #include "tools/commands.h"
 
 extern char** environ;
@@ -61,6 +63,8 @@ ExitCode RunBench(const std::string& area, bench::BenchOptions options) {
       {"route", bench::RunRouteBench},
   };
   if (options.quick) options.seconds_per_case = std::min(options.seconds_per_case, 0.1);
+  // As `kvo index serve`: the indexer's register case holds 1 100 sources' sockets.
+  if (auto lim = RaiseFdLimit(); !lim.ok()) KVO_LOG_WARN("kvo bench: {}", lim.status().ToString());
   if (area == "python") return RunPythonBench(options);
   const auto* own = std::find_if(std::begin(kAreas), std::end(kAreas),
                                  [&](const auto& a) { return area == a.first; });
@@ -85,10 +89,11 @@ void AddBenchCommand(CLI::App& app, CommandTable& commands) {
       ->required();
   cmd->add_flag("--json", options->json, "one JSON object per case");
   cmd->add_flag("--quick", options->quick, "small sizes (CI smoke run)");
-  cmd->add_option("--only", options->only,
-                  "run only the case groups whose name contains this (events: hash_chain, codec, "
-                  "pubsub, lag, restart, journal; indexer: ingest, score, router; fs: 2MiB_blocks_buffered, "
-                  "2MiB_blocks_odirect, 64KiB_blocks_buffered)");
+  cmd->add_option(
+      "--only", options->only,
+      "run only the case groups whose name contains this (events: hash_chain, codec, "
+      "pubsub, lag, restart, journal; indexer: ingest, score, router; fs: 2MiB_blocks_buffered, "
+      "2MiB_blocks_odirect, 64KiB_blocks_buffered)");
   cmd->add_option("--seconds", options->seconds_per_case, "time budget per measured loop")
       ->capture_default_str();
   commands.Add(cmd, [area, options] { return RunBench(*area, *options); });

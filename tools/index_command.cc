@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fd_limit.h"
 #include "common/hex.h"
 #include "common/json.h"
 #include "common/json_fields.h"
@@ -170,6 +171,10 @@ Status RunServe(const ServeArgs& a) {
   if (a.memory_budget_mb > 0) {
     options.index.memory_budget_bytes = static_cast<size_t>(a.memory_budget_mb) << 20;
   }
+  // Each source holds a few descriptors (ZeroMQ sockets, their mailboxes and connections): lift
+  // the soft open-file limit (1024 on Debian) to the hard one before any socket is made.
+  auto fd_limit = RaiseFdLimit();
+  if (!fd_limit.ok()) KVO_LOG_WARN("kvo index serve: {}", fd_limit.status().ToString());
   // Threads started from here on inherit the mask; this thread takes the signals with sigwait.
   sigset_t signals = BlockTerminationSignals();
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<IndexerService> service,
@@ -182,6 +187,7 @@ Status RunServe(const ServeArgs& a) {
   ready["db"] = config.db;
   ready["sources"] = config.sources.size();
   ready["discover"] = config.discover.size();
+  if (auto lim = CurrentFdLimit(); lim.ok()) ready["open_files_limit"] = lim->soft;
   PrintLine(Dump(ready));
   KVO_LOG_INFO("kvo index serve: listening on port {}, {} sources", service->http_port(),
                config.sources.size());

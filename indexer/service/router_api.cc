@@ -9,6 +9,10 @@
 #include <cstring>
 #include <optional>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "common/hex.h"
 #include "common/json.h"
 #include "events/kv_events_config.h"
@@ -191,7 +195,7 @@ struct BigList {
 };
 
 bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-inline void SkipWs(const char*& p, const char* end) {
+[[gnu::always_inline]] inline void SkipWs(const char*& p, const char* end) {
   while (p < end && static_cast<unsigned char>(*p) <= ' ' && IsWs(*p)) ++p;
 }
 bool IsDigit(char c) { return static_cast<unsigned char>(c - '0') <= 9; }
@@ -215,7 +219,7 @@ inline bool AllDigits(uint64_t chunk) {
 // Reads the run of decimal digits at p (at least one) into *v; false when it passes UINT64_MAX.
 // Block hashes are ~20 digits: eight at a time while they last, then one at a time; no overflow
 // check before the 20th digit (19 digits stay below 10^19 < 2^64).
-inline bool ReadU64(const char*& p, const char* end, uint64_t* v) {
+[[gnu::always_inline]] inline bool ReadU64(const char*& p, const char* end, uint64_t* v) {
   const char* const start = p;
   uint64_t x = 0;
   if constexpr (std::endian::native == std::endian::little) {
@@ -290,6 +294,109 @@ bool SkipValue(const char*& p, const char* end) {
   return depth == 0;
 }
 
+#if defined(__SSE2__)
+// Bit i set when p[i] is not an ASCII digit, for the 64 bytes at p (all readable).
+inline uint64_t NonDigitMask64(const char* p) {
+  uint64_t m = 0;
+  for (int k = 0; k < 4; ++k) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    const __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));  // a digit: 0..9, unsigned
+    const __m128i digit = _mm_cmpeq_epi8(_mm_subs_epu8(d, _mm_set1_epi8(9)), _mm_setzero_si128());
+    m |= static_cast<uint64_t>(static_cast<uint16_t>(~_mm_movemask_epi8(digit))) << (16 * k);
+  }
+  return m;
+}
+
+// Token ids in the compact form nlohmann and Python's json.dumps(separators) write, "12,345,6":
+// appends the run of elements at p that are 1-7 digits (no sign, no leading zero) each followed
+// by ',' or ']'. The positions of the non-digits come from one mask per 64 bytes, so finding the
+// next number does not wait for the previous one's digits to be read (the per-element loop below
+// does: ~14 dependent cycles per token). Returns true after consuming a closing ']'; false with
+// p at the first byte of an element it leaves to that loop (a sign, whitespace, a longer number,
+// a leading zero, the item limit, the last 64 bytes of the body).
+template <typename T>
+bool FastIntRun(const char*& p, const char* end, size_t max_n, std::vector<T>* out) {
+  while (end - p >= 64) {
+    const char* const w = p;
+    const uint64_t m = NonDigitMask64(w);
+    size_t o = 0;
+    while (o < 48) {  // the 8-byte load of a number starting below 48 stays in the 64 bytes
+      const char* const q = w + o;
+      const uint64_t rest = m >> o;
+      const int n = rest == 0 ? 64 : std::countr_zero(rest);
+      if (n == 0 || n > 7 || (*q == '0' && n > 1) || out->size() >= max_n) {
+        p = q;
+        return false;
+      }
+      const char c = q[n];
+      if (c != ',' && c != ']') {
+        p = q;
+        return false;
+      }
+      uint64_t chunk;
+      std::memcpy(&chunk, q, 8);
+      out->push_back(static_cast<T>(
+          EightDigits((chunk << (8 * (8 - n))) | (0x3030303030303030ULL >> (8 * n)))));
+      o += static_cast<size_t>(n) + 1;
+      if (c == ']') {
+        p = w + o;
+        return true;
+      }
+    }
+    p = w + o;
+  }
+  return false;
+}
+#endif
+
+// Reads the elements of a list of integers, p just past its '[', into *out; returns the position
+// past its ']', or nullptr for anything else (then the caller falls back to the DOM). kSigned:
+// token ids (int64); else u64 or int64 bit patterns (hashes). The cursor is a local of this one
+// loop (no lambda holds it by reference), so it stays in a register: 131 072 token ids in
+// ~2.5 ns each instead of ~6.
+template <bool kSigned, typename T>
+const char* ReadIntList(const char* p, const char* end, int64_t max_items, std::vector<T>* out) {
+  SkipWs(p, end);
+  if (p < end && *p == ']') return p + 1;
+  const size_t max_n = static_cast<size_t>(std::max<int64_t>(max_items, 0));
+  for (;;) {
+#if defined(__SSE2__)
+    if constexpr (kSigned && std::endian::native == std::endian::little) {
+      if (FastIntRun(p, end, max_n, out)) return p;
+    }
+#endif
+    bool neg = false;
+    if (p < end && *p == '-') {
+      neg = true;
+      ++p;
+    }
+    if (p >= end || !IsDigit(*p)) return nullptr;
+    if (*p == '0' && p + 1 < end && IsDigit(p[1])) return nullptr;
+    uint64_t v = 0;
+    if (!ReadU64(p, end, &v)) return nullptr;
+    if (p >= end) return nullptr;
+    char c = *p;
+    if (c == '.' || c == 'e' || c == 'E') return nullptr;
+    if (neg) {
+      if (v > uint64_t{1} << 63) return nullptr;
+      v = ~v + 1;  // the int64's two's complement pattern
+    } else if (kSigned && v > static_cast<uint64_t>(INT64_MAX)) {
+      return nullptr;
+    }
+    if (out->size() >= max_n) return nullptr;
+    out->push_back(static_cast<T>(v));
+    if (c != ',' && c != ']') {  // whitespace before the separator (the compact form has none)
+      SkipWs(p, end);
+      if (p >= end) return nullptr;
+      c = *p;
+    }
+    ++p;
+    if (c == ']') return p;
+    if (c != ',') return nullptr;
+    if (p < end && static_cast<unsigned char>(*p) <= ' ') SkipWs(p, end);
+  }
+}
+
 // signed_values: the list holds int64 (token ids); else u64 or int64 bit patterns (hashes).
 std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<const char*> keys,
                                    int64_t max_items, bool signed_values) {
@@ -334,48 +441,9 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
         out.values.reserve(guess);
       }
       ++p;
-      ws();
-      if (p < end && *p == ']') {
-        ++p;
-      } else {
-        for (;;) {
-          bool neg = false;
-          if (p < end && *p == '-') {
-            neg = true;
-            ++p;
-          }
-          if (p >= end || !IsDigit(*p)) return std::nullopt;
-          if (*p == '0' && p + 1 < end && IsDigit(p[1])) return std::nullopt;
-          uint64_t v = 0;
-          if (!ReadU64(p, end, &v)) return std::nullopt;
-          if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return std::nullopt;
-          if (neg) {
-            if (v > uint64_t{1} << 63) return std::nullopt;
-            v = ~v + 1;  // the int64's two's complement pattern
-          } else if (signed_values && v > static_cast<uint64_t>(INT64_MAX)) {
-            return std::nullopt;
-          }
-          if (signed_values) {
-            out.tokens.push_back(static_cast<int64_t>(v));
-          } else {
-            out.values.push_back(v);
-          }
-          if (static_cast<int64_t>(out.values.size() + out.tokens.size()) > max_items) {
-            return std::nullopt;
-          }
-          ws();
-          if (p < end && *p == ',') {
-            ++p;
-            ws();
-            continue;
-          }
-          if (p < end && *p == ']') {
-            ++p;
-            break;
-          }
-          return std::nullopt;
-        }
-      }
+      p = signed_values ? ReadIntList<true>(p, end, max_items, &out.tokens)
+                        : ReadIntList<false>(p, end, max_items, &out.values);
+      if (p == nullptr) return std::nullopt;
       span_end = p;
     } else if (!SkipValue(p, end)) {
       return std::nullopt;

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "common/fd_limit.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "common/mutex.h"
@@ -461,6 +462,28 @@ Status IndexerService::Impl::ApplyDiscovered(const DiscoverTarget& t, const std:
   return first_error;
 }
 
+namespace {
+// A stream waiting to retry a subscribe refused for want of descriptors (events/zmq_util.cc
+// names the limit in the error).
+bool IsFdLimitError(const StreamStatus& st) {
+  return st.state == "retrying" && st.last_error.find("RLIMIT_NOFILE") != std::string::npos;
+}
+}  // namespace
+
+std::string IndexerService::Impl::FdLimitWarning() const {
+  size_t total = 0;
+  size_t limited = 0;
+  for (const SourceStatus& s : Sources()) {
+    for (const StreamStatus& st : s.streams) {
+      ++total;
+      limited += IsFdLimitError(st) ? 1 : 0;
+    }
+  }
+  if (limited == 0) return {};
+  return std::to_string(limited) + " of " + std::to_string(total) +
+         " streams cannot subscribe: " + FdLimitNote();
+}
+
 std::string IndexerService::Impl::DiscoveryJson() const {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const auto& d : discoverers) {
@@ -678,7 +701,12 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
   }
   if (r.path == "/health") {
     if (r.method != "GET") return method_not_allowed("GET");
-    return HttpResponse{200, "application/json", "{\"status\":\"ok\"}"};
+    // Streams that cannot subscribe because descriptors ran out: named (the limit and how to
+    // raise it) instead of a plain "ok" that hides them.
+    const std::string fd_note = impl_->FdLimitWarning();
+    if (fd_note.empty()) return HttpResponse{200, "application/json", "{\"status\":\"ok\"}"};
+    return HttpResponse{200, "application/json",
+                        "{\"status\":\"ok\",\"warning\":" + nlohmann::json(fd_note).dump() + "}"};
   }
   if (r.path == "/v1/sources") {
     if (r.method != "GET") return method_not_allowed("GET");
@@ -699,10 +727,21 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
         connected += st.connected ? 1 : 0;
       }
     }
-    return HttpResponse{200, "application/json",
-                        "{\"status\":\"ok\",\"sources\":" + std::to_string(sources.size()) +
-                            ",\"streams\":" + std::to_string(streams) +
-                            ",\"streams_connected\":" + std::to_string(connected) + "}"};
+    size_t fd_limited = 0;
+    for (const SourceStatus& s : sources) {
+      for (const StreamStatus& st : s.streams) fd_limited += IsFdLimitError(st) ? 1 : 0;
+    }
+    std::string body = "{\"status\":\"ok\",\"sources\":" + std::to_string(sources.size()) +
+                       ",\"streams\":" + std::to_string(streams) +
+                       ",\"streams_connected\":" + std::to_string(connected);
+    if (auto lim = CurrentFdLimit(); lim.ok()) {
+      body += ",\"open_files_limit\":" + std::to_string(lim->soft);
+    }
+    if (fd_limited > 0) {
+      body += ",\"streams_out_of_descriptors\":" + std::to_string(fd_limited) +
+              ",\"warning\":" + nlohmann::json(impl_->FdLimitWarning()).dump();
+    }
+    return HttpResponse{200, "application/json", body + "}"};
   }
   if (HttpResponse blocks; ServeInstanceBlocks(r, *impl_->index, &blocks)) return blocks;
   return HttpResponse{404, "application/json", RenderError("no such path: " + r.path)};

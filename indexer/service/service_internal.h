@@ -199,6 +199,9 @@ struct IndexerService::Impl {
   void KeepSources(const std::set<std::string, std::less<>>& wanted, ScoreResult* result) const;
   std::vector<SourceStatus> Sources() const;
   std::string RenderMetrics();
+  // "" or "N of M streams cannot subscribe: the process's open-file limit ... is reached ...":
+  // streams whose last subscribe failed for want of descriptors (EMFILE; /health, /healthz).
+  std::string FdLimitWarning() const;
 };
 
 }  // namespace kvo

@@ -12,9 +12,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -234,6 +236,78 @@ TEST(BlockHashTest, HashBlocksWireEqualsTheDigestChain) {
     }
     options.block_size = 0;
     EXPECT_FALSE(HashBlocksWire(tokens, options).ok());
+  }
+}
+
+// The fast paths (the one-pass pickle of the common block and HashBlocksWire's chain loop, with
+// the 8-byte token encoder) against the general pickler, on random chains: every int width and
+// sign, block sizes with the TUPLE1-3 and EMPTY_TUPLE forms and past the fast pickle's limit,
+// seeds of other sizes. Same digests and wire hashes byte for byte. Seed printed.
+TEST(BlockHashTest, FastPathsEqualTheGeneralPickler) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::printf("FastPathsEqualTheGeneralPickler seed %u\n", seed);
+  std::mt19937_64 rng(seed);
+  auto token = [&]() -> int64_t {
+    switch (rng() % 10) {
+      case 0:
+        return static_cast<int64_t>(rng() % 256);  // BININT1
+      case 1:
+        return 256 + static_cast<int64_t>(rng() % 65280);  // BININT2
+      case 2:
+        return static_cast<int64_t>(rng() % (uint64_t{INT32_MAX} + 1));  // BININT
+      case 3:
+        return -static_cast<int64_t>(rng() % 100000) - 1;  // negative: BININT
+      case 4:
+        return static_cast<int64_t>(rng());  // LONG1, either sign
+      case 5: {
+        static constexpr int64_t kEdges[] = {
+            0,         255,       256,       65535, 65536, INT32_MAX, INT64_C(2147483648),
+            INT32_MIN, INT64_MAX, INT64_MIN, -1};
+        return kEdges[rng() % std::size(kEdges)];
+      }
+      default:
+        return static_cast<int64_t>(rng() % 152000);  // a vocabulary's ids
+    }
+  };
+  for (int round = 0; round < 300; ++round) {
+    const HashAlgo algo = round % 2 ? HashAlgo::kXxhash : HashAlgo::kSha256;
+    BlockHashOptions fast;
+    fast.algo = algo;
+    const size_t sizes[] = {1, 2, 3, 4, 16, 16, 16, 17, 64, 6001};
+    fast.block_size = sizes[rng() % std::size(sizes)];
+    if (rng() % 4 == 0) {
+      fast.none_hash = std::string(2 + rng() % 254, '\0');  // a seed digest of another size
+      for (char& c : fast.none_hash) c = static_cast<char>(rng());
+    } else {
+      fast.none_hash = NoneHash(algo, std::to_string(rng() % 1000));
+    }
+    std::vector<int64_t> tokens(fast.block_size * (rng() % 12) + rng() % 3);
+    for (int64_t& t : tokens) t = token();
+    BlockHashOptions general = fast;
+    general.general_path_only = true;
+    auto fast_wire = HashBlocksWire(tokens, fast);
+    auto general_wire = HashBlocksWire(tokens, general);
+    auto fast_digests = HashBlocks(tokens, fast);
+    auto general_digests = HashBlocks(tokens, general);
+    ASSERT_TRUE(fast_wire.ok() && general_wire.ok() && fast_digests.ok() && general_digests.ok());
+    ASSERT_EQ(*fast_wire, *general_wire)
+        << HashAlgoName(algo) << " block size " << fast.block_size << " round " << round;
+    ASSERT_EQ(*fast_digests, *general_digests) << HashAlgoName(algo) << " round " << round;
+    // And the preimages themselves, block by block.
+    BlockHasher f(algo);
+    BlockHasher g(algo);
+    g.set_general_path_only(true);
+    std::string parent = fast.none_hash;
+    for (size_t i = 0; i + fast.block_size <= tokens.size(); i += fast.block_size) {
+      const std::span<const int64_t> block(tokens.data() + i, fast.block_size);
+      auto a = f.Hash(parent, block, nullptr);
+      auto b = g.Hash(parent, block, nullptr);
+      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_EQ(f.LastPreimage(), g.LastPreimage()) << "round " << round << " block at " << i;
+      ASSERT_EQ(*a, *b);
+      parent = *a;
+    }
   }
 }
 

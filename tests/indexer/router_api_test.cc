@@ -477,6 +477,64 @@ TEST(RouterQueryParseTest, ScannerAgreesWithTheReferenceOnEveryNumberShape) {
   EXPECT_GT(accepted, 100);  // the shapes exercise the accepting path too
 }
 
+// Long compact token lists take the 64-byte block scanner (FastIntRun); every interruption it
+// hands back to the per-element loop (whitespace, a sign, 8+ digits, a leading zero, a fraction,
+// the item limit, a list ending near a block's edge) gives the reference parser's answer.
+TEST(RouterQueryParseTest, LongTokenListsAgreeWithTheReference) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto element = [&]() -> std::string {
+    const int kind = static_cast<int>(rng() % 60);
+    std::string d = std::to_string(rng() % 10'000'000);  // 1..7 digits: the block scanner's
+    switch (kind) {
+      case 0:
+        return " " + d;
+      case 1:
+        return d + "\n";
+      case 2:
+        return "-" + d;
+      case 3:
+        return std::to_string(10'000'000 + rng() % 4'000'000'000u);  // 8..10 digits
+      case 4:
+        return "0" + d;  // a leading zero: refused
+      case 5:
+        return d + ".0";  // a fraction: refused
+      case 6:
+        return "0";
+      default:
+        return d;
+    }
+  };
+  int accepted = 0;
+  int refused = 0;
+  for (int round = 0; round < 400; ++round) {
+    const int n = static_cast<int>(rng() % 700);
+    const bool clean = rng() % 2 == 0;  // no interruptions at all in half the lists
+    std::string list = "[";
+    for (int i = 0; i < n; ++i) {
+      list += (i ? "," : "") + (clean ? std::to_string(rng() % 200'000) : element());
+    }
+    list += "]";
+    const int64_t max_items = rng() % 4 == 0 ? static_cast<int64_t>(rng() % 700) : 1000;
+    std::string body = R"({"model": "m", "block_size": 16, "token_ids": )" + list;
+    body += std::string(rng() % 70, ' ') + "}";  // the list's end at any distance from the body's
+    auto fast = ParseRouterQuery(body, false, max_items);
+    auto ref = ParseRouterQueryReference(body, false, max_items);
+    ASSERT_EQ(fast.ok(), ref.ok()) << body.substr(0, 300) << " -> " << fast.status().ToString()
+                                   << " / " << ref.status().ToString();
+    if (fast.ok()) {
+      ++accepted;
+      ASSERT_EQ(fast->token_ids, ref->token_ids) << body.substr(0, 300);
+    } else {
+      ++refused;
+      ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 300);
+    }
+  }
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 20);
+}
+
 TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
