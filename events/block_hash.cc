@@ -213,7 +213,7 @@ inline uint8_t* EncodeTokenFast(int64_t v, uint8_t* b) {
   // K (0x4B), M (K + 2), J (K - 1 = K + 2 - 3).
   const uint64_t word = uint64_t{op::kBinInt1 + 2 * two - 3 * four} | (uint64_t{u} << 8);
   std::memcpy(b, &word, 8);
-  return b + 2 + two + 2 * four;
+  return b + size_t{2 + two + 2 * four};
 }
 
 class Pickler {

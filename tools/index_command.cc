@@ -143,6 +143,7 @@ struct ServeArgs {
   std::string http;
   bool allow_remote = false;
   int64_t max_query_tokens = 0;
+  int64_t max_sources = 0;
   int64_t memory_budget_mb = 0;
 };
 
@@ -164,6 +165,7 @@ Status RunServe(const ServeArgs& a) {
   if (!a.db.empty()) config.db = a.db;
   if (!a.http.empty()) config.http = a.http;
   if (a.max_query_tokens > 0) config.max_query_tokens = a.max_query_tokens;
+  if (a.max_sources > 0) config.max_sources = a.max_sources;
   KVO_RETURN_IF_ERROR(ValidateSources(config.sources));
   ServiceOptions options;
   options.allow_remote_http = a.allow_remote;
@@ -502,6 +504,10 @@ void AddIndexCommands(CLI::App& app, CommandTable& commands) {
       "hosts (no authentication!)");
   serve->add_option("--max-query-tokens", serve_args->max_query_tokens,
                     "reject /v1/score and /query requests with more tokens (default 1048576)");
+  serve
+      ->add_option("--max-sources", serve_args->max_sources,
+                   "refuse POST /register (429) beyond this many followed streams (default 4096)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   serve->add_option("--memory-budget-mb", serve_args->memory_budget_mb,
                     "byte budget of the in-memory index, MiB (default 1024)");
   commands.AddStatus(serve, [serve_args] { return RunServe(*serve_args); });

@@ -299,7 +299,8 @@ bool SkipValue(const char*& p, const char* end) {
 inline uint64_t NonDigitMask64(const char* p) {
   uint64_t m = 0;
   for (int k = 0; k < 4; ++k) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k));
+    const __m128i x =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + static_cast<ptrdiff_t>(16 * k)));
     const __m128i d = _mm_sub_epi8(x, _mm_set1_epi8('0'));  // a digit: 0..9, unsigned
     const __m128i digit = _mm_cmpeq_epi8(_mm_subs_epu8(d, _mm_set1_epi8(9)), _mm_setzero_si128());
     m |= static_cast<uint64_t>(static_cast<uint16_t>(~_mm_movemask_epi8(digit))) << (16 * k);

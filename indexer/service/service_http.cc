@@ -192,6 +192,16 @@ Status IndexerService::Impl::CheckRegistration(const Registration& reg, bool* sa
 
 Status IndexerService::Impl::AddNewRegistration(const Registration& reg) {
   const std::string name = reg.SourceName();
+  {
+    MutexLock lock(&registry_mu);
+    if (static_cast<int64_t>(streams.size()) >= config.max_sources) {
+      return Status::OutOfSpace("registration of '" + CutForMessage(reg.Key()) +
+                                "' refused: " + std::to_string(streams.size()) +
+                                " streams are followed, the limit is " +
+                                std::to_string(config.max_sources) +
+                                " (kvo index serve --max-sources, config key max_sources)");
+    }
+  }
   Status st = index->PutRegistration(name, RenderRegistration(reg));
   if (!st.ok()) return Status::Internal("registration not stored: " + st.ToString());
   {
@@ -273,6 +283,8 @@ int HttpCodeOf(const Status& st) {
       return 400;
     case StatusCode::kAlreadyExists:
       return 409;
+    case StatusCode::kOutOfSpace:
+      return 429;
     default:
       return 500;
   }

@@ -371,6 +371,8 @@ Result<IndexerConfig> ParseIndexerConfig(std::string_view text, std::string_view
         if (!addr.ok()) return Bad(origin, "'http': " + addr.status().message());
       } else if (key == "max_query_tokens") {
         KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, int64_t{1} << 30, &c.max_query_tokens));
+      } else if (key == "max_sources") {
+        KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, 1'000'000, &c.max_sources));
       } else if (key == "default_block_size") {
         KVO_RETURN_IF_ERROR(ReadInt(origin, key, v, 1, kMaxBlockSize, &c.default_block_size));
       } else if (key == "replay_timeout_ms") {

@@ -69,7 +69,11 @@ struct IndexerConfig {
   std::string db;                       // SQLite file
   std::string http = "127.0.0.1:8080";  // host:port of the HTTP API (port 0: any free port)
   int64_t max_query_tokens = 1 << 20;   // a larger /v1/score request is a 400
-  int64_t default_block_size = 16;      // /v1/score with token_ids and no block_size
+  // Registrations (POST /register, discovery) beyond this many followed streams are refused
+  // (429): each stream holds a thread and a ZeroMQ socket, so an unbounded register loop would
+  // exhaust the process. --source / --config streams count but are never refused.
+  int64_t max_sources = 4096;
+  int64_t default_block_size = 16;  // /v1/score with token_ids and no block_size
   // Subscriber tuning (events/zmq_subscriber.h).
   int64_t replay_timeout_ms = 2'000;
   int64_t idle_probe_ms = 1'000;

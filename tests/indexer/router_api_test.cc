@@ -82,6 +82,7 @@ class RouterApiTest : public ::testing::Test {
   IndexerConfig Config() {
     IndexerConfig c = service_test::FastConfig(dir_.path());
     c.max_query_tokens = 100'000;
+    c.max_sources = max_sources_;
     return c;
   }
   std::unique_ptr<IndexerService> Start() {
@@ -110,6 +111,7 @@ class RouterApiTest : public ::testing::Test {
     return j.value("error", "");
   }
   testing::TempDir dir_;
+  int64_t max_sources_ = 4096;
 };
 
 // The reference's register body, with the given endpoints and rank.
@@ -878,6 +880,55 @@ TEST_F(RouterApiTest, Version1FileIsMigrated) {
   ASSERT_EQ(regs->size(), 1u);
   EXPECT_EQ((*regs)[0].name, "a@default@0");
   EXPECT_EQ((*idx)->Stats().schema_version, Indexer::kSchemaVersion);
+}
+
+// A register loop cannot exhaust the daemon: beyond max_sources followed streams a registration
+// is a 429 naming the limit, a multi-rank one that would cross it registers no rank, unregister
+// makes room, and a restart under a lower limit still resumes every stored registration.
+TEST_F(RouterApiTest, RegistrationsBeyondMaxSourcesAreRefusedAndNothingStoredIsLost) {
+  max_sources_ = 3;
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  auto body = [&](const std::string& id, int ranks = 1) {
+    // Several ranks need TCP (vLLM's port offsets); nothing listens there, which is fine.
+    const int port = ranks > 1 ? FreePortPair() : 0;
+    Json b =
+        Json::parse(ranks > 1 ? RegisterBody("tcp://127.0.0.1:" + std::to_string(port), "", 0)
+                              : RegisterBody("ipc://" + dir_.path() + "/" + id,
+                                             "ipc://" + dir_.path() + "/" + id + "-replay", 0));
+    b["instance_id"] = id;
+    if (ranks > 1) {
+      b["dp_ranks"] = ranks;
+      b.erase("replay_endpoint");
+    }
+    return b.dump();
+  };
+  for (const char* id : {"a", "b"})
+    ASSERT_EQ(Call(*svc, "POST", "/register", body(id)).status, 200);
+  // Two ranks with one place left: refused whole.
+  std::string err = Error(Call(*svc, "POST", "/register", body("c", 2)), 429);
+  EXPECT_NE(err.find("--max-sources"), std::string::npos) << err;
+  EXPECT_NE(err.find("limit is 3"), std::string::npos) << err;
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 2u);
+  ASSERT_EQ(Call(*svc, "POST", "/register", body("c")).status, 200);
+  err = Error(Call(*svc, "POST", "/register", body("d")), 429);
+  EXPECT_NE(err.find("3 streams are followed"), std::string::npos) << err;
+  // Registering an already registered instance again stays idempotent at the limit.
+  EXPECT_EQ(Call(*svc, "POST", "/register", body("a")).status, 200);
+  Json unreg = Json::parse(body("b"));
+  EXPECT_EQ(Ok(Call(*svc, "POST", "/unregister", unreg.dump()))["removed_instances"].size(), 1u);
+  EXPECT_EQ(Call(*svc, "POST", "/register", body("d")).status, 200);
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 3u);
+
+  // A lower limit after a restart: every stored registration resumes; new ones are refused.
+  svc->Stop();
+  svc.reset();
+  max_sources_ = 1;
+  svc = Start();
+  ASSERT_NE(svc, nullptr);
+  EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 3u);
+  Error(Call(*svc, "POST", "/register", body("e")), 429);
+  svc->Stop();
 }
 
 }  // namespace
