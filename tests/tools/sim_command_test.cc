@@ -20,6 +20,7 @@
 #include "sim/engine.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace kvo {
 namespace {
@@ -212,6 +213,14 @@ TEST(SimCommandTest, EventsTiersAndVerifiedHitsOverHttpAndZmq) {
 
   // C, D, E (8 blocks each) push A and B out of the 12-block CPU tier; the file tier keeps them.
   for (int base : {20000, 30000, 40000}) Complete(s, Tokens(base, 8 * kBlock + 1));
+  // The file tier writes in the background (as a real engine's does): ask for B once the tier
+  // has announced B's first block stored, as a router would see it.
+  const uint64_t b0 = Hashes(b).front();
+  EXPECT_TRUE(testing::Eventually([&] {
+    CatchUp(**sub, fold, &seq, s);
+    auto it = fold.held.find("STORAGE");
+    return it != fold.held.end() && it->second.count(b0) > 0;
+  })) << "B's first block never reached the file tier";
   Json rb = Complete(s, b);  // B: not on GPU, not on CPU: from the file tier
   EXPECT_GT(rb["kvo"]["hit_tokens"]["DISK"].get<int>(), 0) << rb.dump();
   CatchUp(**sub, fold, &seq, s);
