@@ -14,18 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/child_process.h"
+
 namespace kvo {
 namespace {
 
-// Runs `body` in a forked child; its return value (0: passed, else the failed step) is the exit
-// status. Only async-signal-safe work in the child beyond the syscalls under test.
-int InChild(const std::function<int()>& body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
-}
+using testing::InForkedChild;
 
 // Opens descriptors (dup of stdin's /dev/null) until EMFILE or `bound`; how many were opened.
 int OpenUntilRefused(int bound, int* err) {
@@ -43,7 +37,7 @@ TEST(FdLimitTest, RaiseLiftsTheSoftLimitToTheHardLimit) {
   auto now = CurrentFdLimit();
   ASSERT_TRUE(now.ok()) << now.status().ToString();
   if (now->hard < 256) GTEST_SKIP() << "hard limit " << now->hard << " too low to lower from";
-  EXPECT_EQ(InChild([] {
+  EXPECT_EQ(InForkedChild([] {
               rlimit rl{};
               if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1;
               rl.rlim_cur = 64;  // as `ulimit -Sn 64`
@@ -62,7 +56,7 @@ TEST(FdLimitTest, RaiseLiftsTheSoftLimitToTheHardLimit) {
 }
 
 TEST(FdLimitTest, AtTheHardLimitRaiseChangesNothingAndTheNoteNamesTheLimit) {
-  EXPECT_EQ(InChild([] {
+  EXPECT_EQ(InForkedChild([] {
               rlimit rl{48, 48};  // as `ulimit -n 48`: soft and hard
               if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return 1;
               auto raised = RaiseFdLimit();

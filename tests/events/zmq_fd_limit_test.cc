@@ -19,17 +19,12 @@
 
 #include "common/fd_limit.h"
 #include "events/zmq_subscriber.h"
+#include "tests/testing/child_process.h"
 
 namespace kvo {
 namespace {
 
-int InChild(const std::function<int()>& body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
-  return WEXITSTATUS(status);
-}
+using testing::InForkedChild;
 
 SubscriberOptions To(int port) {
   SubscriberOptions o;
@@ -38,7 +33,7 @@ SubscriberOptions To(int port) {
 }
 
 TEST(ZmqFdLimitTest, ASubscribeRefusedForWantOfDescriptorsNamesTheLimit) {
-  EXPECT_EQ(InChild([] {
+  EXPECT_EQ(InForkedChild([] {
               // UBSan's vptr check of a type it has not seen yet probes memory through a pipe,
               // which fails once descriptors are gone: let it see zmq::error_t and a subscriber
               // (made, failed and destroyed) first.
@@ -76,7 +71,7 @@ TEST(ZmqFdLimitTest, MoreThanZeroMqsDefaultSocketLimitUnderARaisedLimit) {
   auto lim = CurrentFdLimit();
   ASSERT_TRUE(lim.ok());
   if (lim->hard < 4096) GTEST_SKIP() << "hard open-file limit " << lim->hard << " < 4096";
-  EXPECT_EQ(InChild([] {
+  EXPECT_EQ(InForkedChild([] {
               if (!RaiseFdLimit().ok()) return 1;
               std::vector<std::unique_ptr<Subscriber>> held;
               for (int i = 0; i < 1100; ++i) {  // ZeroMQ's default limit is 1023 sockets

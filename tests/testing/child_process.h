@@ -4,8 +4,11 @@
 #pragma once
 
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,5 +73,16 @@ CommandResult RunCommand(const std::vector<std::string>& argv,
 
 // `text` split at '\n' (no trailing empty line).
 std::vector<std::string> SplitLines(const std::string& text);
+
+// Runs `body` in a forked child of this process; its return value (0: passed, else the failed
+// step) is the child's exit status, -1 when the child could not run or did not exit. Only
+// async-signal-safe work in the child beyond the syscalls under test.
+inline int InForkedChild(const std::function<int()>& body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(body());
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
 
 }  // namespace kvo::testing
