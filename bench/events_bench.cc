@@ -368,22 +368,40 @@ void HashChainCases(const BenchOptions& o) {
     x ^= x << 17;
     t = static_cast<int64_t>(x % 152'000);
   }
-  auto rate = [&](HashAlgo algo) {
+  auto options_for = [&](HashAlgo algo) {
     BlockHashOptions opts;
     opts.algo = algo;
     opts.none_hash = NoneHash(algo, "0");
     opts.block_size = kBlockSize;
-    return MeasureRate(
-        [&] {
-          auto h = HashBlocksWire(tokens, opts);
-          if (!h.ok() || h->size() != blocks) std::abort();
-        },
-        double(blocks), o.seconds_per_case);
+    return opts;
+  };
+  // One chain of each per round, alternately, the fastest call of each kept: on a shared host
+  // the speed changes between two cases timed one after the other (seconds apart), not between
+  // two calls a millisecond apart.
+  auto rates = [&](HashAlgo fast, HashAlgo slow) {
+    const BlockHashOptions f = options_for(fast);
+    const BlockHashOptions s = options_for(slow);
+    double best_fast = 1e30;
+    double best_slow = 1e30;
+    auto time_call = [&](const BlockHashOptions& opts, double* best) {
+      const auto a = std::chrono::steady_clock::now();
+      auto h = HashBlocksWire(tokens, opts);
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+      if (!h.ok() || h->size() != blocks) std::abort();
+      *best = std::min(*best, sec);
+      return sec;
+    };
+    double spent = 0;
+    for (int round = 0; round < 10000 && (round < 5 || spent < 2 * o.seconds_per_case); ++round) {
+      spent += time_call(s, &best_slow);
+      spent += time_call(f, &best_fast);
+    }
+    return std::pair{double(blocks) / best_fast, double(blocks) / best_slow};
   };
   for (auto [fast, slow] : {std::pair{HashAlgo::kXxhash, HashAlgo::kSha256},
                             std::pair{HashAlgo::kXxhashCbor, HashAlgo::kSha256Cbor}}) {
-    const double base = rate(slow);
-    const double value = rate(fast);
+    const auto [value, base] = rates(fast, slow);
     BenchResult r{"events",
                   std::string("hash_chain_") + HashAlgoName(fast) + "_128k_tokens",
                   "blocks/s",
@@ -391,7 +409,9 @@ void HashChainCases(const BenchOptions& o) {
                   std::string(HashAlgoName(slow)) + " chain of the same tokens, same run",
                   base,
                   5 * base,
-                  "block_size 16, " + std::to_string(blocks) + " blocks per chain; target >= 5x"};
+                  "block_size 16, " + std::to_string(blocks) +
+                      " blocks per chain, the two chains timed alternately (fastest call of "
+                      "each); target >= 5x"};
     r.notes += value >= 5 * base ? " [target met]" : " [below target]";
     PrintResult(r, o);
   }

@@ -105,11 +105,15 @@ class BlockHasher {
   // For tests: every block through the general pickler (the one-pass writer of the common
   // block shape off), the reference the fast paths must equal byte for byte.
   void set_general_path_only(bool on) { general_only_ = on; }
+  // For tests: the fast paths encode tokens one by one even where the CPU has the vector encoder
+  // (events/token_encode_internal.h), so both are checked against the general writers.
+  void set_vector_encoder(bool on) { vector_encoder_ = on; }
 
  private:
   struct Impl;
   HashAlgo algo_;
   bool general_only_ = false;
+  bool vector_encoder_ = true;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -126,6 +130,8 @@ struct BlockHashOptions {
   std::vector<Value> extra_keys;
   // For tests: no fast path (BlockHasher::set_general_path_only, and no chain loop of its own).
   bool general_path_only = false;
+  // For tests: the fast paths' tokens one by one (BlockHasher::set_vector_encoder).
+  bool vector_encoder = true;
 };
 
 // Digests of every *full* block of `token_ids`, chained from options.none_hash. A block_size of 0

@@ -3,6 +3,7 @@
 // (tests/events/hash_reference.py run by Debian's /usr/bin/python3 with python3-cbor2 and
 // python3-xxhash), for all four --prefix-caching-hash-algo values and vLLM's NONE_HASH seed rule.
 #include "events/block_hash.h"
+#include "events/token_encode_internal.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -239,10 +240,12 @@ TEST(BlockHashTest, HashBlocksWireEqualsTheDigestChain) {
   }
 }
 
-// The fast paths (the one-pass pickle of the common block and HashBlocksWire's chain loop, with
-// the 8-byte token encoder) against the general pickler, on random chains: every int width and
-// sign, block sizes with the TUPLE1-3 and EMPTY_TUPLE forms and past the fast pickle's limit,
-// seeds of other sizes. Same digests and wire hashes byte for byte. Seed printed.
+// The fast paths (the one-pass pickle / CBOR of the common block and HashBlocksWire's chain, with
+// the scalar token encoders and, where the CPU has it, the vector one) against the general pickler
+// and CBOR writer, on random chains: every int width and sign (runs of eight tokens in one width
+// too, the vector encoder's groups), block sizes with the TUPLE1-3 and EMPTY_TUPLE forms and past
+// the fast writers' limit, seeds of other sizes. Same digests, wire hashes and preimages byte for
+// byte. Seed printed.
 TEST(BlockHashTest, FastPathsEqualTheGeneralPickler) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -270,11 +273,14 @@ TEST(BlockHashTest, FastPathsEqualTheGeneralPickler) {
         return static_cast<int64_t>(rng() % 152000);  // a vocabulary's ids
     }
   };
-  for (int round = 0; round < 300; ++round) {
-    const HashAlgo algo = round % 2 ? HashAlgo::kXxhash : HashAlgo::kSha256;
+  std::printf("vector token encoder on this CPU: %s\n",
+              token_encode::VectorAvailable() ? "yes" : "no (scalar paths only)");
+  for (int round = 0; round < 600; ++round) {
+    const HashAlgo algo = kAllHashAlgos[static_cast<size_t>(round) % std::size(kAllHashAlgos)];
     BlockHashOptions fast;
     fast.algo = algo;
-    const size_t sizes[] = {1, 2, 3, 4, 16, 16, 16, 17, 64, 6001};
+    fast.vector_encoder = (round / 4) % 2 == 0;
+    const size_t sizes[] = {1, 2, 3, 4, 8, 16, 16, 16, 17, 24, 64, 6001};
     fast.block_size = sizes[rng() % std::size(sizes)];
     if (rng() % 4 == 0) {
       fast.none_hash = std::string(2 + rng() % 254, '\0');  // a seed digest of another size
@@ -283,7 +289,13 @@ TEST(BlockHashTest, FastPathsEqualTheGeneralPickler) {
       fast.none_hash = NoneHash(algo, std::to_string(rng() % 1000));
     }
     std::vector<int64_t> tokens(fast.block_size * (rng() % 12) + rng() % 3);
-    for (int64_t& t : tokens) t = token();
+    const bool runs = rng() % 2 == 0;  // runs of 8 from one class, as a vector group sees them
+    int64_t from_class = 0;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (runs && i % 8 == 0) from_class = token();
+      tokens[i] =
+          runs ? from_class + static_cast<int64_t>(i % 8) * (from_class > 0 ? -1 : 1) : token();
+    }
     BlockHashOptions general = fast;
     general.general_path_only = true;
     auto fast_wire = HashBlocksWire(tokens, fast);
@@ -291,11 +303,12 @@ TEST(BlockHashTest, FastPathsEqualTheGeneralPickler) {
     auto fast_digests = HashBlocks(tokens, fast);
     auto general_digests = HashBlocks(tokens, general);
     ASSERT_TRUE(fast_wire.ok() && general_wire.ok() && fast_digests.ok() && general_digests.ok());
-    ASSERT_EQ(*fast_wire, *general_wire)
-        << HashAlgoName(algo) << " block size " << fast.block_size << " round " << round;
+    ASSERT_EQ(*fast_wire, *general_wire) << HashAlgoName(algo) << " block size " << fast.block_size
+                                         << " vector " << fast.vector_encoder << " round " << round;
     ASSERT_EQ(*fast_digests, *general_digests) << HashAlgoName(algo) << " round " << round;
     // And the preimages themselves, block by block.
     BlockHasher f(algo);
+    f.set_vector_encoder(fast.vector_encoder);
     BlockHasher g(algo);
     g.set_general_path_only(true);
     std::string parent = fast.none_hash;
