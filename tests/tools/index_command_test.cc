@@ -812,7 +812,8 @@ TEST_F(IndexCommandTest, ConsumesVllmStyleBusInBothEncodingsAndReplyShapes) {
 
 // The Mooncake/Dynamo API over loopback HTTP against a vLLM-format Python publisher: register with
 // the reference's body (endpoints on this host), query with its shapes, kill -9 the daemon,
-// restart it with no flags: the registration resumes from its checkpoint and the answers hold.
+// restart it with no flags: the registration resumes from its checkpoint and the answers hold;
+// then kill -9 the engine and restart it as vLLM does (sequence back at 0): the answers follow.
 TEST_F(IndexCommandTest, RouterApiRegistrationSurvivesKill9WithVllmPublisher) {
   if (RunCommand({kPython, "-c", "import zmq, msgpack"}).code != 0) {
     GTEST_SKIP() << "needs /usr/bin/python3 with python3-zmq and python3-msgpack";
@@ -911,6 +912,29 @@ TEST_F(IndexCommandTest, RouterApiRegistrationSurvivesKill9WithVllmPublisher) {
   ASSERT_TRUE(daemon->WaitForSequences({{s, n - 1}}));
   ExpectScoresMatch(*daemon, corpus, model, {s}, "registered, after kill -9");
   expect_answers("after kill -9 and restart", true);
+
+  // The engine killed -9 and started again the way vLLM restarts: the same endpoints, an empty
+  // cache, its sequence back at 0, its whole new stream sent before the indexer's SUB socket has
+  // reconnected (none of it arrives live). The registration follows it: the idle probe finds the
+  // old stream gone, the new one is replayed from 0, and the old blocks leave the index.
+  py.Signal(SIGKILL);
+  py.Wait(SteadyClock::now() + kGuard);
+  model.Clear(source);
+  std::string restarted;
+  const int n2 = 20;
+  for (int i = 0; i < n2; ++i) {
+    restarted += BatchToJson(NextBatch(corpus, model, s, rng), std::nullopt, std::nullopt) + "\n";
+  }
+  WriteFile(Path("py2.jsonl"), restarted);
+  Child py2({kPython, Path("publisher.py"), pub, rep, "kv-events", "map", "new", Path("py2.jsonl"),
+             std::to_string(n2)},
+            /*stdin_pipe=*/true);
+  ASSERT_EQ(py2.ReadStdoutLine(SteadyClock::now() + kGuard), "ready") << py2.err();
+  ASSERT_TRUE(daemon->WaitForSequences({{s, n2 - 1}}, [](const Json& j) {
+    return j["sources"][0]["restarts_seen"].get<int64_t>() >= 1;
+  }));
+  ExpectScoresMatch(*daemon, corpus, model, {s}, "after the engine's kill -9 and restart");
+  expect_answers("after the engine's kill -9 and restart", true);
 
   HttpClientResult gone = daemon->Call(
       "POST", "/unregister", R"({"type": "vLLM", "instance_id": "vllm-node1", "dp_rank": 0})");
