@@ -618,6 +618,55 @@ TEST(RouterQueryParseTest, LongTokenListsAgreeWithTheReference) {
   EXPECT_GT(refused, 20);
 }
 
+// The scanner takes a 64-byte window of compact token ids whole when its masks say every element
+// in it is 1-7 digits with a ',' after it: long compact lists with one defect each (a sign, a
+// space, a leading zero, 8 digits, an empty element, a fraction, a letter, an early ']', a
+// missing ']') at every offset, and item limits just below, at and above the count, answer
+// exactly what the reference parser answers. Seed printed.
+TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const std::vector<std::string> defects = {"-",  " ",  "0",   "12345678", ",", ".5", "x",  "]",
+                                            "\n", "\"", "1e3", "99999999", "",  "00", "-0", "\t"};
+  int accepted = 0;
+  int refused = 0;
+  for (int round = 0; round < 600; ++round) {
+    const int n = 1 + static_cast<int>(rng() % 400);
+    std::vector<std::string> elems;
+    for (int i = 0; i < n; ++i) {
+      const int digits = 1 + static_cast<int>(rng() % 7);
+      std::string d = std::to_string(1 + rng() % 9);
+      while (static_cast<int>(d.size()) < digits) d += static_cast<char>('0' + rng() % 10);
+      elems.push_back(d);
+    }
+    if (rng() % 4 != 0) {  // one defect, in an element or between two
+      std::string& e = elems[rng() % elems.size()];
+      const std::string& d = defects[rng() % defects.size()];
+      e.insert(rng() % (e.size() + 1), d);
+    }
+    std::string list = "[";
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + elems[static_cast<size_t>(i)];
+    if (rng() % 20 != 0) list += "]";
+    const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
+    std::string body = std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"token_ids":)";
+    body += list + std::string(rng() % 70, ' ') + "}";
+    auto fast = ParseRouterQuery(body, false, max_items);
+    auto ref = ParseRouterQueryReference(body, false, max_items);
+    ASSERT_EQ(fast.ok(), ref.ok()) << body.substr(0, 400) << " -> " << fast.status().ToString()
+                                   << " / " << ref.status().ToString();
+    if (fast.ok()) {
+      ++accepted;
+      ASSERT_EQ(fast->token_ids, ref->token_ids) << body.substr(0, 400);
+    } else {
+      ++refused;
+      ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
+    }
+  }
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 50);
+}
+
 TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
