@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <random>
 #include <thread>
@@ -622,10 +623,15 @@ TEST(RouterQueryParseTest, LongTokenListsAgreeWithTheReference) {
 // in it is 1-7 digits with a ',' after it: long compact lists with one defect each (a sign, a
 // space, a leading zero, 8 digits, an empty element, a fraction, a letter, an early ']', a
 // missing ']') at every offset, and item limits just below, at and above the count, answer
-// exactly what the reference parser answers. Seed printed.
+// exactly what the reference parser answers, with the portable conversion and with AVX2's.
+// Seed printed.
 TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
+  const bool has_avx2 = UseAvx2TokenScan(true);
+  std::printf(
+      "seed %u, AVX2 %s\n", seed,
+      has_avx2 ? "available (both conversions checked)" : "unavailable (the portable code twice)");
   std::mt19937 rng(seed);
   const std::vector<std::string> defects = {"-",  " ",  "0",   "12345678", ",", ".5", "x",  "]",
                                             "\n", "\"", "1e3", "99999999", "",  "00", "-0", "\t"};
@@ -651,18 +657,23 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
     const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
     std::string body = std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"token_ids":)";
     body += list + std::string(rng() % 70, ' ') + "}";
-    auto fast = ParseRouterQuery(body, false, max_items);
     auto ref = ParseRouterQueryReference(body, false, max_items);
-    ASSERT_EQ(fast.ok(), ref.ok()) << body.substr(0, 400) << " -> " << fast.status().ToString()
-                                   << " / " << ref.status().ToString();
-    if (fast.ok()) {
-      ++accepted;
-      ASSERT_EQ(fast->token_ids, ref->token_ids) << body.substr(0, 400);
-    } else {
-      ++refused;
-      ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
+    // The portable conversion, then AVX2's (where the CPU has it): both the reference's answer.
+    for (bool avx2 : {false, true}) {
+      UseAvx2TokenScan(avx2);
+      auto fast = ParseRouterQuery(body, false, max_items);
+      ASSERT_EQ(fast.ok(), ref.ok())
+          << "avx2 " << avx2 << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
+          << " / " << ref.status().ToString();
+      if (fast.ok()) {
+        ASSERT_EQ(fast->token_ids, ref->token_ids) << "avx2 " << avx2 << " " << body.substr(0, 400);
+      } else {
+        ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
+      }
     }
+    ++(ref.ok() ? accepted : refused);
   }
+  UseAvx2TokenScan(true);
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused, 50);
 }
