@@ -263,6 +263,7 @@ Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
     for (auto& st : gone_streams) st->stop = true;
   }
   stop_cv.SignalAll();
+  for (auto& st : gone_streams) st->wake.Signal();
   for (auto& st : gone_streams) {
     if (st->thread.joinable()) st->thread.join();
   }

@@ -5,6 +5,7 @@
 #include "indexer/service/router_api.h"
 
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,12 +16,14 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include <sqlite3.h>
 
 #include "events/zmq_publisher.h"
+#include "events/zmq_subscriber.h"
 #include "indexer/service/service.h"
 #include "tests/indexer/service_test_util.h"
 #include "tests/testing/temp_dir.h"
@@ -772,6 +775,40 @@ TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
 
 // "dp_ranks": 2 registers ranks dp_rank and dp_rank + 1, the second on the offset ports (vLLM's
 // rule, the same the publishers bind with); each rank is its own registration.
+// /unregister stops a stream thread that waits in Subscriber::Next for its poll slice; the
+// stream's wake descriptor (SubscriberOptions::wake_fd) ends that wait at once. A subscriber to a
+// publisher that never sends, Next with a 10 s timeout on another thread, the eventfd written:
+// Next returns nothing long before its timeout, and returns at once on every later call.
+TEST(RouterStreamWakeTest, WakeFdEndsTheSubscribersWaitAtOnce) {
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(wake, 0);
+  SubscriberOptions o;
+  o.endpoint = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  o.wake_fd = wake;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<bool> got_batch;
+  std::thread waiter([&] {
+    auto next = (*sub)->Next(std::chrono::seconds(10));
+    got_batch = next.ok() && next->has_value();
+  });
+  const uint64_t one = 1;
+  ASSERT_EQ(write(wake, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  waiter.join();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(got_batch.has_value());
+  EXPECT_FALSE(*got_batch);
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "Next waited out its timeout: the wake was lost";
+  // Not drained: a later call returns at once too.
+  const auto again = std::chrono::steady_clock::now();
+  auto next = (*sub)->Next(std::chrono::seconds(10));
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(next->has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(5));
+  close(wake);
+}
+
 TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
   const int port = FreePortPair();
   const int replay = FreePortPair();
