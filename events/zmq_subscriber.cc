@@ -126,8 +126,11 @@ class ZmqSubscriber final : public Subscriber {
       if (probe) wait_ns = std::min(wait_ns, std::max<int64_t>(0, probe_at - now));
       Frames frames;
       try {
-        zmq::pollitem_t item{sub_.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(PollMs(wait_ns)));
+        zmq::pollitem_t items[2] = {{sub_.handle(), 0, ZMQ_POLLIN, 0},
+                                    {nullptr, options_.wake_fd, ZMQ_POLLIN, 0}};
+        const zmq::pollitem_t& item = items[0];
+        zmq::poll(items, options_.wake_fd >= 0 ? 2 : 1, std::chrono::milliseconds(PollMs(wait_ns)));
+        if (items[1].revents & ZMQ_POLLIN) return std::optional<ReceivedBatch>();  // woken
         if (item.revents & ZMQ_POLLIN) {
           if (!zmq::recv_multipart(sub_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
             continue;

@@ -220,25 +220,47 @@ std::vector<std::array<int64_t, 3>> MemoryIndex::TieredScore(
     }
   };
   const FlatTable<uint32_t>& table = by_engine ? by_engine_ : by_content_;
-  std::vector<uint64_t> held(3 * W);
+  // The media of each tier, so a block's per-tier masks are plain ORs.
+  uint32_t tier_media[3][kMaxMedia];
+  size_t tier_count[3] = {0, 0, 0};
+  for (size_t m = 0; m < M && m < tier_of_medium.size(); ++m) {
+    const uint8_t t = tier_of_medium[m];
+    if (t <= 2) tier_media[t][tier_count[t]++] = static_cast<uint32_t>(m);
+  }
+  // Software pipeline (one or two DRAM misses per block otherwise: the table slot of keys[i],
+  // then the node's bit row): the slot of block i + kSlotAhead is prefetched, and block
+  // i + kNodeAhead's slot (in cache by then) is read and its row prefetched. Blocks resolved ahead
+  // of an early exit are wasted work only; the walk and its answer are the plain loop's.
+  // (D = 16 / 8; 24 / 8, 32 / 16, 48 / 24 and 64 / 32 measured the same within the noise.)
+  constexpr size_t kSlotAhead = 16;
+  constexpr size_t kNodeAhead = 8;
+  uint32_t ahead[kNodeAhead];
+  auto resolve = [&](size_t j) {
+    const uint32_t* n = table.Find(keys[j]);
+    const uint32_t node = n ? *n : kNoNode;
+    if (node != kNoNode) __builtin_prefetch(Row(node, 0));
+    ahead[j % kNodeAhead] = node;
+  };
+  for (size_t j = 0; j < std::min(N, kSlotAhead); ++j) table.Prefetch(keys[j]);
+  for (size_t j = 0; j < std::min(N, kNodeAhead); ++j) resolve(j);
   size_t i = 0;
   for (; i < N; ++i) {
     bool any = false;
     for (size_t w = 0; w < W; ++w) any |= (phase[0][w] | phase[1][w] | phase[2][w]) != 0;
     if (!any) break;
-    const uint32_t* n = table.Find(keys[i]);
-    if (n == nullptr) break;
-    const uint64_t* row = Row(*n, 0);
-    std::fill(held.begin(), held.end(), 0);
-    for (size_t m = 0; m < M && m < tier_of_medium.size(); ++m) {
-      const uint8_t t = tier_of_medium[m];
-      if (t > 2) continue;
-      for (size_t w = 0; w < W; ++w) held[t * W + w] |= row[m * W + w];
-    }
+    const uint32_t node = ahead[i % kNodeAhead];
+    if (node == kNoNode) break;
+    if (i + kSlotAhead < N) table.Prefetch(keys[i + kSlotAhead]);
+    if (i + kNodeAhead < N) resolve(i + kNodeAhead);
+    const uint64_t* row = Row(node, 0);
     for (size_t w = 0; w < W; ++w) {
-      const uint64_t h0 = held[w];
-      const uint64_t h1 = h0 | held[W + w];
-      const uint64_t h2 = h1 | held[2 * W + w];
+      // Held on tier <= 0, <= 1, <= 2.
+      uint64_t h0 = 0;
+      for (size_t k = 0; k < tier_count[0]; ++k) h0 |= row[size_t{tier_media[0][k]} * W + w];
+      uint64_t h1 = h0;
+      for (size_t k = 0; k < tier_count[1]; ++k) h1 |= row[size_t{tier_media[1][k]} * W + w];
+      uint64_t h2 = h1;
+      for (size_t k = 0; k < tier_count[2]; ++k) h2 |= row[size_t{tier_media[2][k]} * W + w];
       const int64_t at = static_cast<int64_t>(i);
       const uint64_t out0 = phase[0][w] & ~h0;
       leave(0, w, out0, at);

@@ -7,9 +7,53 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <new>
 #include <vector>
 
+#include <sys/mman.h>
+
 namespace kvo::indexer_internal {
+
+// Big tables (4 MiB and up) in memory the kernel may back with 2 MiB pages (MADV_HUGEPAGE, asked
+// before the first touch): a lookup in a table of millions of slots misses the TLB as well as the
+// cache with 4 KiB pages, and the page walk is what a prefetch hides worst (the router bench's
+// by-hash walk: ~146 -> ~131 us). Smaller blocks come from operator new; the size alone decides
+// which, so deallocate frees each block the way it was taken.
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  static constexpr size_t kHuge = size_t{2} << 20;
+  static constexpr size_t kMinBytes = size_t{4} << 20;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}  // NOLINT(google-explicit-constructor)
+  static bool Big(size_t n) { return n * sizeof(T) >= kMinBytes; }
+  static size_t Rounded(size_t n) { return (n * sizeof(T) + kHuge - 1) & ~(kHuge - 1); }
+  T* allocate(size_t n) {
+    if (!Big(n)) return std::allocator<T>().allocate(n);
+    if (n > SIZE_MAX / sizeof(T) - 2 * kHuge) throw std::bad_alloc();
+    const size_t size = Rounded(n);
+    void* m =
+        mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    // Keep the 2 MiB-aligned `size` bytes inside the mapping; unmap the head and the tail.
+    const uintptr_t b = reinterpret_cast<uintptr_t>(m);
+    const uintptr_t lo = (b + kHuge - 1) & ~(uintptr_t{kHuge} - 1);
+    if (lo > b) munmap(m, lo - b);
+    if (b + kHuge > lo) munmap(reinterpret_cast<void*>(lo + size), b + kHuge - lo);
+    madvise(reinterpret_cast<void*>(lo), size, MADV_HUGEPAGE);  // advice: failure is harmless
+    return reinterpret_cast<T*>(lo);
+  }
+  void deallocate(T* p, size_t n) {
+    if (!Big(n)) {
+      std::allocator<T>().deallocate(p, n);
+      return;
+    }
+    munmap(p, Rounded(n));
+  }
+  friend bool operator==(const HugePageAllocator&, const HugePageAllocator&) { return true; }
+};
 
 template <class V>
 class FlatTable {
@@ -125,7 +169,7 @@ class FlatTable {
   }
 
   void Rehash(size_t capacity) {
-    std::vector<Slot> old;
+    std::vector<Slot, HugePageAllocator<Slot>> old;
     old.swap(slots_);
     slots_.assign(capacity, Slot{});
     mask_ = capacity - 1;
@@ -143,7 +187,7 @@ class FlatTable {
     }
   }
 
-  std::vector<Slot> slots_;
+  std::vector<Slot, HugePageAllocator<Slot>> slots_;
   size_t mask_ = 0;
   int shift_ = 64;
   size_t size_ = 0;

@@ -107,6 +107,10 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
 // scanner must agree with (router_api_test, router_query_fuzz).
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,
                                               int64_t max_items);
+// The token scanner converts whole 64-byte windows with AVX2 where the CPU has it (checked at run
+// time), else with the portable code. For tests: false forces the portable code; returns whether
+// AVX2 is available. Not for concurrent use with parsing.
+bool UseAvx2TokenScan(bool allowed);
 
 // One stream's tiered match, in blocks: its GPU prefix, then (from the first GPU miss) blocks
 // held on GPU or CPU, then blocks held on any of GPU, CPU, DISK.

@@ -177,6 +177,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
     o.hwm = config.hwm;
     o.replay_timeout_ms = config.replay_timeout_ms;
     o.idle_probe_ms = config.idle_probe_ms;
+    o.wake_fd = s->wake.fd();
     auto last = index->LastSequence(s->stream.source, s->stream.dp_rank);
     if (last.ok()) {
       o.start_seq = *last + 1;
@@ -665,6 +666,7 @@ void IndexerService::Stop() {
     MutexLock lock(&impl_->registry_mu);
     for (auto& st : impl_->streams) threads.push_back(st.get());
   }
+  for (StreamState* st : threads) st->wake.Signal();
   for (StreamState* st : threads) {
     if (st->thread.joinable()) st->thread.join();
   }

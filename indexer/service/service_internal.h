@@ -2,6 +2,9 @@
 // service.cc (streams, discovery, start and stop) and service_http.cc (the HTTP routes).
 #pragma once
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -94,12 +97,34 @@ inline constexpr StreamRow<Gauge> kStreamGauges[] = {
     {"kvo_indexer_connected", "1 while the stream is answering", &StreamMetrics::connected},
 };
 
+// An eventfd that wakes a stream thread's wait for messages (SubscriberOptions::wake_fd): an
+// unregister joins the thread in about a millisecond instead of up to a poll slice (25 ms).
+class WakeFd {
+ public:
+  WakeFd() : fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  ~WakeFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  WakeFd(const WakeFd&) = delete;
+  WakeFd& operator=(const WakeFd&) = delete;
+  int fd() const { return fd_; }  // -1 when eventfd failed: the thread waits out its slice
+  void Signal() const {
+    if (fd_ < 0) return;
+    const uint64_t one = 1;
+    (void)!write(fd_, &one, sizeof one);  // EAGAIN (counter full) leaves it readable anyway
+  }
+
+ private:
+  int fd_;
+};
+
 struct StreamState {
   SourceState* source = nullptr;
   SourceStream stream;
   StreamMetrics metrics;
   std::thread thread;
   std::atomic<bool> stop{false};  // unregistered: the thread ends (set under stop_mu)
+  WakeFd wake;                    // signalled after `stop` (or the service's stop) is set
   mutable Mutex mu;
   StreamStatus status GUARDED_BY(mu);
   double last_batch_ts GUARDED_BY(mu) = 0;

@@ -5,6 +5,7 @@
 #include "indexer/service/router_api.h"
 
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,13 +14,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include <sqlite3.h>
 
 #include "events/zmq_publisher.h"
+#include "events/zmq_subscriber.h"
 #include "indexer/service/service.h"
 #include "tests/indexer/service_test_util.h"
 #include "tests/testing/temp_dir.h"
@@ -366,6 +370,87 @@ TEST_F(RouterApiTest, TieredWalkEqualsThePlainRule) {
   EXPECT_GT(nontrivial, 0);
 }
 
+// The software-pipelined walk (slots prefetched 16 blocks ahead, nodes resolved 8 ahead, an
+// early exit when every stream has left or a block is unknown) equals the plain block-by-block
+// rule on random indexes: 70-140 streams (two or three bit words), prefixes of 0-300 blocks
+// with holes, runs on every tier, random removals, queries longer and shorter than what is
+// held, by hash and by tokens. Seed printed.
+TEST_F(RouterApiTest, PipelinedTieredWalkEqualsThePlainRuleOnRandomIndexes) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  IndexerOptions o;
+  o.background_thread = false;
+  const char* media[] = {kMediumGpu, kMediumCpu, "STORAGE", "kvcr"};
+  constexpr int64_t kBlocks = 300;
+  constexpr int64_t kTokBs = 4;
+  std::vector<int64_t> tokens(kBlocks * kTokBs);
+  for (auto& t : tokens) t = static_cast<int64_t>(rng() % 50000);
+  int checked = 0;
+  for (int round = 0; round < 3; ++round) {
+    auto idx = Indexer::Open(dir_.path() + "/pipelined" + std::to_string(round) + ".sqlite", o);
+    ASSERT_TRUE(idx.ok()) << idx.status().ToString();
+    const int streams = 70 + static_cast<int>(rng() % 71);
+    for (int st = 0; st < streams; ++st) {
+      const std::string src = "p" + std::to_string(st);
+      uint64_t seq = 0;
+      // A few stores of runs [first, first + n) on a random medium (holes between them).
+      for (int k = 1 + static_cast<int>(rng() % 6); k > 0; --k) {
+        const int64_t first = static_cast<int64_t>(rng() % kBlocks);
+        const int64_t n = std::min<int64_t>(kBlocks - first, 1 + static_cast<int64_t>(rng() % 200));
+        BlockStored s;
+        for (int64_t i = first; i < first + n; ++i) {
+          s.block_hashes.push_back(BlockHash::Uint(5000 + static_cast<uint64_t>(i)));
+        }
+        if (first > 0)
+          s.parent_block_hash = BlockHash::Uint(5000 + static_cast<uint64_t>(first) - 1);
+        s.token_ids.assign(tokens.begin() + first * kTokBs, tokens.begin() + (first + n) * kTokBs);
+        s.block_size = kTokBs;
+        s.medium = media[rng() % 4];
+        ASSERT_TRUE((*idx)->ApplyBatch(src, 0, seq++, EventBatch{1.0, {s}, 0}).ok());
+      }
+      if (rng() % 3 == 0) {
+        BlockRemoved r;
+        r.block_hashes = {BlockHash::Uint(5000 + rng() % kBlocks)};
+        r.medium = media[rng() % 4];
+        ASSERT_TRUE((*idx)->ApplyBatch(src, 0, seq++, EventBatch{1.0, {r}, 0}).ok());
+      }
+    }
+    for (int q_round = 0; q_round < 12; ++q_round) {
+      const int64_t n = static_cast<int64_t>(rng() % (kBlocks + 20));
+      ScoreQuery q;
+      const bool by_hash = rng() % 2 == 0;
+      if (by_hash) {
+        for (int64_t i = 0; i < n; ++i) {
+          // Past the held range (i >= kBlocks): hashes the index never saw.
+          q.block_hashes.push_back(5000 + static_cast<uint64_t>(i));
+        }
+        if (n == 0) q.block_hashes.push_back(1);
+      } else {
+        q.token_ids.assign(tokens.begin(), tokens.begin() + std::min(n, kBlocks) * kTokBs);
+        if (q.token_ids.empty()) q.token_ids = {1};
+        q.block_size = kTokBs;
+      }
+      if (rng() % 4 == 0) {
+        for (int k = 0; k < 5; ++k) q.sources.push_back("p" + std::to_string(rng() % streams));
+      }
+      auto tiered = (*idx)->Tiered(q);
+      auto explain = (*idx)->Explain(q);
+      ASSERT_TRUE(tiered.ok() && explain.ok());
+      // Explain lists the blocks up to one past the deepest prefix on any medium: every block a
+      // tier walk can reach.
+      for (const Indexer::TieredMatch& t : *tiered) {
+        const TierBoundaries want = MatchTiers(explain->blocks, t.source, t.dp_rank);
+        ASSERT_EQ(t.gpu, want.gpu) << t.source << " n " << n << " by_hash " << by_hash;
+        ASSERT_EQ(t.cpu, want.cpu) << t.source << " n " << n << " by_hash " << by_hash;
+        ASSERT_EQ(t.disk, want.disk) << t.source << " n " << n << " by_hash " << by_hash;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 500);
+}
+
 // The query parser reads the big list by hand (the fast path) and the rest through the JSON DOM;
 // on random bodies (key order, whitespace, nested extra keys holding brackets, quotes and escapes,
 // boundary integers) it answers exactly what the JSON itself says, and bodies the fast path must
@@ -537,6 +622,64 @@ TEST(RouterQueryParseTest, LongTokenListsAgreeWithTheReference) {
   EXPECT_GT(refused, 20);
 }
 
+// The scanner takes a 64-byte window of compact token ids whole when its masks say every element
+// in it is 1-7 digits with a ',' after it: long compact lists with one defect each (a sign, a
+// space, a leading zero, 8 digits, an empty element, a fraction, a letter, an early ']', a
+// missing ']') at every offset, and item limits just below, at and above the count, answer
+// exactly what the reference parser answers, with the portable conversion and with AVX2's.
+// Seed printed.
+TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const bool has_avx2 = UseAvx2TokenScan(true);
+  std::printf("AVX2 %s\n", has_avx2 ? "available (both conversions checked)"
+                                    : "unavailable (the portable code twice)");
+  std::mt19937 rng(seed);
+  const std::vector<std::string> defects = {"-",  " ",  "0",   "12345678", ",", ".5", "x",  "]",
+                                            "\n", "\"", "1e3", "99999999", "",  "00", "-0", "\t"};
+  int accepted = 0;
+  int refused = 0;
+  for (int round = 0; round < 600; ++round) {
+    const int n = 1 + static_cast<int>(rng() % 400);
+    std::vector<std::string> elems;
+    for (int i = 0; i < n; ++i) {
+      const int digits = 1 + static_cast<int>(rng() % 7);
+      std::string d = std::to_string(1 + rng() % 9);
+      while (static_cast<int>(d.size()) < digits) d += static_cast<char>('0' + rng() % 10);
+      elems.push_back(d);
+    }
+    if (rng() % 4 != 0) {  // one defect, in an element or between two
+      std::string& e = elems[rng() % elems.size()];
+      const std::string& d = defects[rng() % defects.size()];
+      e.insert(rng() % (e.size() + 1), d);
+    }
+    std::string list = "[";
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + elems[static_cast<size_t>(i)];
+    if (rng() % 20 != 0) list += "]";
+    const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
+    std::string body = std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"token_ids":)";
+    body += list + std::string(rng() % 70, ' ') + "}";
+    auto ref = ParseRouterQueryReference(body, false, max_items);
+    // The portable conversion, then AVX2's (where the CPU has it): both the reference's answer.
+    for (bool avx2 : {false, true}) {
+      UseAvx2TokenScan(avx2);
+      auto fast = ParseRouterQuery(body, false, max_items);
+      ASSERT_EQ(fast.ok(), ref.ok())
+          << "avx2 " << avx2 << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
+          << " / " << ref.status().ToString();
+      if (fast.ok()) {
+        ASSERT_EQ(fast->token_ids, ref->token_ids) << "avx2 " << avx2 << " " << body.substr(0, 400);
+      } else {
+        ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
+      }
+    }
+    ++(ref.ok() ? accepted : refused);
+  }
+  UseAvx2TokenScan(true);
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 50);
+}
+
 TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -632,6 +775,40 @@ TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
 
 // "dp_ranks": 2 registers ranks dp_rank and dp_rank + 1, the second on the offset ports (vLLM's
 // rule, the same the publishers bind with); each rank is its own registration.
+// /unregister stops a stream thread that waits in Subscriber::Next for its poll slice; the
+// stream's wake descriptor (SubscriberOptions::wake_fd) ends that wait at once. A subscriber to a
+// publisher that never sends, Next with a 10 s timeout on another thread, the eventfd written:
+// Next returns nothing long before its timeout, and returns at once on every later call.
+TEST(RouterStreamWakeTest, WakeFdEndsTheSubscribersWaitAtOnce) {
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  ASSERT_GE(wake, 0);
+  SubscriberOptions o;
+  o.endpoint = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  o.wake_fd = wake;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<bool> got_batch;
+  std::thread waiter([&] {
+    auto next = (*sub)->Next(std::chrono::seconds(10));
+    got_batch = next.ok() && next->has_value();
+  });
+  const uint64_t one = 1;
+  ASSERT_EQ(write(wake, &one, sizeof one), static_cast<ssize_t>(sizeof one));
+  waiter.join();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(got_batch.has_value());
+  EXPECT_FALSE(*got_batch);
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "Next waited out its timeout: the wake was lost";
+  // Not drained: a later call returns at once too.
+  const auto again = std::chrono::steady_clock::now();
+  auto next = (*sub)->Next(std::chrono::seconds(10));
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(next->has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(5));
+  close(wake);
+}
+
 TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
   const int port = FreePortPair();
   const int replay = FreePortPair();
