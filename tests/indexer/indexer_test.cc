@@ -101,6 +101,20 @@ TEST(ContentKeyTest, ChainedAndLoraSeparated) {
   EXPECT_EQ(ContentKeyRoot(""), ContentKeyRoot(std::string_view("", 0)));
 }
 
+// Golden values (computed once with Python's xxhash.xxh3_64 over schemas/index.md's bytes: the
+// root over "kvo-content-v1\0" + lora, each key over the parent and the block's tokens as
+// little-endian 64-bit integers), so the definition keys are stored under cannot drift.
+TEST(ContentKeyTest, GoldenKeys) {
+  std::vector<int64_t> t(48);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int64_t>((i * 7919) % 152000);
+  t[5] = -1;
+  t[20] = (int64_t{1} << 40) + 3;
+  EXPECT_EQ(ContentKeyRoot(""), 0xdd9cd60090f07147ULL);
+  EXPECT_EQ(
+      *ContentKeys(t, 16),
+      (std::vector<uint64_t>{0x9c6101bedbce56eaULL, 0xcc3d2e2b9484918aULL, 0x9d0cca1e66902daaULL}));
+}
+
 // BlockKeys hashes on demand in doubling refills: whatever order of reads, every key equals the
 // eagerly chained one, and reading key i never computes past what its refill covers.
 TEST(ContentKeyTest, LazyBlockKeysEqualEagerKeysAtEveryRefill) {
