@@ -66,6 +66,56 @@ KVO_VBMI2 inline uint8_t* Keep(__m512i values, __m512i heads, const uint8_t* ind
   return p + _mm_popcnt_u64(keep);
 }
 
+// Groups of eight while whole groups are left and every token is at most `max`; `group` writes
+// one group's bytes (PickleGroup, CborGroup).
+template <class Group>
+KVO_VBMI2 size_t Groups(const int64_t* tokens, size_t n, uint64_t max, Group group, uint8_t** p) {
+  uint8_t* out = *p;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    bool ok;
+    const __m512i u = Load8(tokens + i, max, &ok);
+    if (!ok) break;
+    out = group(u, out);
+  }
+  *p = out;
+  return i;
+}
+
+// Pickle: K + 1 byte below 256, M + 2 bytes below 65536, J + 4 bytes (signed 32-bit) up to
+// INT32_MAX; slot bytes kept: the opcode and byte 0 always, byte 1 from 256, bytes 2-3 from 65536.
+struct PickleGroup {
+  KVO_VBMI2 uint8_t* operator()(__m512i u, uint8_t* out) const {
+    const __mmask8 two = _mm512_cmpgt_epu64_mask(u, Set8(0xFF));
+    const __mmask8 four = _mm512_cmpgt_epu64_mask(u, Set8(0xFFFF));
+    __m512i op = Set8(uint64_t{'K'} << 32);
+    op = _mm512_mask_mov_epi64(op, two, Set8(uint64_t{'M'} << 32));
+    op = _mm512_mask_mov_epi64(op, four, Set8(uint64_t{'J'} << 32));
+    const uint64_t f = _pdep_u64(four, SlotBits(3));
+    const uint64_t keep = SlotBits(0) | SlotBits(1) | _pdep_u64(two, SlotBits(2)) | f | (f << 1);
+    return Keep(u, op, kPickleIndex.v, keep, out);
+  }
+};
+
+// CBOR (major type 0): the value itself below 24, 0x18 + 1 byte to 255, 0x19 + 2 bytes to 65535,
+// 0x1A + 4 bytes to UINT32_MAX, big-endian; slot bytes kept: the head always, then the last 1, 2
+// or 4 value bytes.
+struct CborGroup {
+  KVO_VBMI2 uint8_t* operator()(__m512i u, uint8_t* out) const {
+    const __mmask8 one = _mm512_cmpgt_epu64_mask(u, Set8(23));
+    const __mmask8 two = _mm512_cmpgt_epu64_mask(u, Set8(0xFF));
+    const __mmask8 four = _mm512_cmpgt_epu64_mask(u, Set8(0xFFFF));
+    __m512i head = _mm512_slli_epi64(u, 32);  // below 24 the head is the value
+    head = _mm512_mask_mov_epi64(head, one, Set8(uint64_t{0x18} << 32));
+    head = _mm512_mask_mov_epi64(head, two, Set8(uint64_t{0x19} << 32));
+    head = _mm512_mask_mov_epi64(head, four, Set8(uint64_t{0x1A} << 32));
+    const uint64_t f = _pdep_u64(four, SlotBits(1));
+    const uint64_t keep =
+        SlotBits(0) | _pdep_u64(one, SlotBits(4)) | _pdep_u64(two, SlotBits(3)) | f | (f << 1);
+    return Keep(u, head, kCborIndex.v, keep, out);
+  }
+};
+
 }  // namespace
 
 bool VectorAvailable() {
@@ -78,52 +128,12 @@ bool VectorAvailable() {
   return available;
 }
 
-// Pickle: K + 1 byte below 256, M + 2 bytes below 65536, J + 4 bytes (signed 32-bit) up to
-// INT32_MAX; slot bytes kept: the opcode and byte 0 always, byte 1 from 256, bytes 2-3 from 65536.
-KVO_VBMI2 size_t PickleGroups(const int64_t* tokens, size_t n, uint8_t** p) {
-  uint8_t* out = *p;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    bool ok;
-    const __m512i u = Load8(tokens + i, 0x7FFFFFFF, &ok);
-    if (!ok) break;
-    const __mmask8 two = _mm512_cmpgt_epu64_mask(u, Set8(0xFF));
-    const __mmask8 four = _mm512_cmpgt_epu64_mask(u, Set8(0xFFFF));
-    __m512i op = Set8(uint64_t{'K'} << 32);
-    op = _mm512_mask_mov_epi64(op, two, Set8(uint64_t{'M'} << 32));
-    op = _mm512_mask_mov_epi64(op, four, Set8(uint64_t{'J'} << 32));
-    const uint64_t f = _pdep_u64(four, SlotBits(3));
-    const uint64_t keep = SlotBits(0) | SlotBits(1) | _pdep_u64(two, SlotBits(2)) | f | (f << 1);
-    out = Keep(u, op, kPickleIndex.v, keep, out);
-  }
-  *p = out;
-  return i;
+size_t PickleGroups(const int64_t* tokens, size_t n, uint8_t** p) {
+  return Groups(tokens, n, 0x7FFFFFFF, PickleGroup{}, p);
 }
 
-// CBOR (major type 0): the value itself below 24, 0x18 + 1 byte to 255, 0x19 + 2 bytes to 65535,
-// 0x1A + 4 bytes to UINT32_MAX, big-endian; slot bytes kept: the head always, then the last 1, 2
-// or 4 value bytes.
-KVO_VBMI2 size_t CborGroups(const int64_t* tokens, size_t n, uint8_t** p) {
-  uint8_t* out = *p;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    bool ok;
-    const __m512i u = Load8(tokens + i, 0xFFFFFFFF, &ok);
-    if (!ok) break;
-    const __mmask8 one = _mm512_cmpgt_epu64_mask(u, Set8(23));
-    const __mmask8 two = _mm512_cmpgt_epu64_mask(u, Set8(0xFF));
-    const __mmask8 four = _mm512_cmpgt_epu64_mask(u, Set8(0xFFFF));
-    __m512i head = _mm512_slli_epi64(u, 32);  // below 24 the head is the value
-    head = _mm512_mask_mov_epi64(head, one, Set8(uint64_t{0x18} << 32));
-    head = _mm512_mask_mov_epi64(head, two, Set8(uint64_t{0x19} << 32));
-    head = _mm512_mask_mov_epi64(head, four, Set8(uint64_t{0x1A} << 32));
-    const uint64_t f = _pdep_u64(four, SlotBits(1));
-    const uint64_t keep =
-        SlotBits(0) | _pdep_u64(one, SlotBits(4)) | _pdep_u64(two, SlotBits(3)) | f | (f << 1);
-    out = Keep(u, head, kCborIndex.v, keep, out);
-  }
-  *p = out;
-  return i;
+size_t CborGroups(const int64_t* tokens, size_t n, uint8_t** p) {
+  return Groups(tokens, n, 0xFFFFFFFF, CborGroup{}, p);
 }
 
 #undef KVO_VBMI2
