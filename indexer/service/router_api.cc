@@ -335,15 +335,19 @@ inline uint64_t PaddedForm(const char* w, size_t start, size_t pos) {
   return ((chunk >> sh) << sh) | (0x3030303030303030ULL >> (8 * n));
 }
 
-// Whether WholeWindow converts with AVX2 (UseAvx2TokenScan).
-bool Avx2Available() {
+// How WholeWindow converts (SetTokenScan): the best the CPU has, checked once at run time.
+TokenScan BestTokenScan() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return __builtin_cpu_supports("avx2") != 0;
-#else
-  return false;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2")) {
+    return TokenScan::kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2")) return TokenScan::kAvx2;
 #endif
+  return TokenScan::kPortable;
 }
-bool g_avx2_scan = Avx2Available();
+TokenScan g_token_scan = BestTokenScan();
 
 // EightDigits on four forms at once (k forms, rounded up to four: `forms` has room for the
 // rounding and dst for 3 more). A form's bytes hold digit pairs a, b (lane bytes 0 and 4) and
@@ -379,32 +383,31 @@ void ConvertFormsAvx2(uint64_t* forms, size_t k, T* dst) {
 }
 #endif
 
-// The whole 64-byte window at w at once, when it is nothing but compact elements: every element
-// that ends in it (up to its last separator, or its first ']') is 1-7 digits without a leading
-// zero, each followed by ',' (or the closing ']'), and they fit under max_n. All of that is
-// checked on the masks, before anything is appended; then each element is read from the 8 bytes
-// that end at its separator, independently of the others (no chain from one element's length to
-// the next one's position: ~1 ns a token instead of ~4). False (nothing appended, *p unchanged)
-// for any window it cannot take whole: the per-element loop takes it. REQUIRES: the 7 bytes before
-// w are readable (readable_from <= w - 7).
-// `dst`: room for 35 elements (32 and the AVX2 rounding); `limit`: how many more the item limit
-// allows; *count: how many were read.
-template <typename T>
-bool WholeWindow(const char* w, const ByteMasks& m, T* dst, size_t limit, size_t* count,
-                 const char** p, bool* closed) {
+// What a 64-byte window holds when it is nothing but compact elements: every element that ends
+// in it (up to its last separator, or its first ']') is 1-7 digits without a leading zero, each
+// followed by ',' (or the closing ']'). All of that is checked on the masks; false for any window
+// that is not so (the per-element loop takes it).
+struct WindowPlan {
+  uint64_t seps = 0;    // each element's separator, bit per byte
+  uint64_t starts = 0;  // each element's first digit
+  size_t next = 0;      // the offset past the last separator
+  bool closed = false;  // the last separator is the list's ']'
+};
+inline bool PlanWindow(const ByteMasks& m, WindowPlan* plan) {
   uint64_t range;  // bits [0, the last separator]
   uint64_t commas_wanted;
+  int last;
   if (m.close != 0) {
-    const int b = std::countr_zero(m.close);
-    range = b == 63 ? ~uint64_t{0} : (uint64_t{2} << b) - 1;
-    commas_wanted = m.non_digit & range & ~(uint64_t{1} << b);
-    *closed = true;
+    last = std::countr_zero(m.close);
+    range = last == 63 ? ~uint64_t{0} : (uint64_t{2} << last) - 1;
+    commas_wanted = m.non_digit & range & ~(uint64_t{1} << last);
+    plan->closed = true;
   } else {
     if (m.non_digit == 0) return false;
-    const int last = 63 - std::countl_zero(m.non_digit);
+    last = 63 - std::countl_zero(m.non_digit);
     range = last == 63 ? ~uint64_t{0} : (uint64_t{2} << last) - 1;
     commas_wanted = m.non_digit & range;
-    *closed = false;
+    plan->closed = false;
   }
   const uint64_t seps = m.non_digit & range;
   const uint64_t digits = ~m.non_digit & range;
@@ -418,29 +421,132 @@ bool WholeWindow(const char* w, const ByteMasks& m, T* dst, size_t limit, size_t
       (starts & m.zero & (digits >> 1)) != 0) {  // a leading zero
     return false;
   }
+  plan->seps = seps;
+  plan->starts = starts;
+  plan->next = static_cast<size_t>(last) + 1;
+  return true;
+}
+
+// The whole 64-byte window at w at once (PlanWindow), each element read from the 8 bytes that end
+// at its separator, independently of the others (no chain from one element's length to the next
+// one's position). False (nothing appended, *p unchanged) for any window it cannot take whole.
+// REQUIRES: the 7 bytes before w are readable (readable_from <= w - 7).
+// `dst`: room for 35 elements (32 and the AVX2 rounding); `limit`: how many more the item limit
+// allows; *count: how many were read.
+template <typename T>
+bool WholeWindow(const char* w, const ByteMasks& m, T* dst, size_t limit, size_t* count,
+                 const char** p, bool* closed) {
+  WindowPlan plan;
+  if (!PlanWindow(m, &plan) || static_cast<size_t>(std::popcount(plan.seps)) > limit) {
+    return false;  // (over the limit: the per-element loop stops at the right element)
+  }
   size_t k = 0;
   size_t start = 0;
-  if (g_avx2_scan) {
+  if (g_token_scan != TokenScan::kPortable) {
     // The elements' 8-byte forms first (each its own load), then four at a time converted.
     alignas(32) uint64_t forms[32 + 3];
-    for (uint64_t s = seps; s != 0; s &= s - 1) {
+    for (uint64_t s = plan.seps; s != 0; s &= s - 1) {
       const size_t pos = static_cast<size_t>(std::countr_zero(s));
       forms[k++] = PaddedForm(w, start, pos);
       start = pos + 1;
     }
     ConvertFormsAvx2(forms, k, dst);
   } else {
-    for (uint64_t s = seps; s != 0; s &= s - 1) {
+    for (uint64_t s = plan.seps; s != 0; s &= s - 1) {
       const size_t pos = static_cast<size_t>(std::countr_zero(s));
       dst[k++] = static_cast<T>(EightDigits(PaddedForm(w, start, pos)));
       start = pos + 1;
     }
   }
-  if (k > limit) return false;  // the per-element loop stops at the right element
   *count = k;
-  *p = w + start;
+  *p = w + plan.next;
+  *closed = plan.closed;
   return true;
 }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVO_AVX512_SCAN 1
+// GCC 12's AVX-512 intrinsics start their unmasked forms from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports at every inlined use (a false positive: no lane of it is read).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// Why AVX512WholeWindows stopped.
+enum class WindowStop { kClosed, kRefused, kFull, kEnd };
+
+// WholeWindow for consecutive windows with AVX-512 VBMI/VBMI2, all in registers: the masks from
+// one 64-byte load; each element's separator and first-digit offsets packed into bytes
+// (VPCOMPRESSB of 0..63 under the masks); for eight elements at a time, each 8-byte lane gathers
+// the 8 bytes that end at its element's separator (VPERMB), the bytes before the element's first
+// digit become 0, and the lanes convert together (pairs, quads, then 64-bit). No store and reload
+// per element (the AVX2 path's forms stall on store forwarding). Needs no byte before w.
+// Appends to dst (room for `room` elements) while windows are whole; stops at the ']' (kClosed,
+// past it), at a window it cannot take whole (kRefused, *p at that window: the caller's
+// per-element loop takes it), when fewer than 32 places are left (kFull) or fewer than 64
+// bytes (kEnd). `limit`: how many more the item limit allows.
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,popcnt,bmi"))) WindowStop
+AVX512WholeWindows(const char** p, const char* end, T* dst, size_t room, size_t limit,
+                   size_t* count) {
+  static_assert(sizeof(T) == 8);
+  alignas(64) static constexpr uint8_t kIota[64] = {
+      0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+      22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+      44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+  const __m512i iota = _mm512_load_si512(kIota);
+  // Lane i's bytes: element i's index (8 bytes of i); its byte j: offset j - 8 from the separator.
+  const __m512i lane_of = _mm512_srli_epi16(_mm512_and_si512(iota, _mm512_set1_epi8(0x38)), 3);
+  const __m512i back =
+      _mm512_sub_epi8(_mm512_and_si512(iota, _mm512_set1_epi8(7)), _mm512_set1_epi8(8));
+  const __m512i ascii0 = _mm512_set1_epi8('0');
+  size_t n = 0;
+  const char* w = *p;
+  WindowStop stop = WindowStop::kEnd;
+  while (end - w >= 64) {
+    if (room - n < 32) {
+      stop = WindowStop::kFull;
+      break;
+    }
+    const __m512i x = _mm512_loadu_si512(w);
+    const __m512i d = _mm512_sub_epi8(x, ascii0);
+    ByteMasks m;
+    m.non_digit = ~static_cast<uint64_t>(_mm512_cmple_epu8_mask(d, _mm512_set1_epi8(9)));
+    m.comma = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(','));
+    m.close = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(']'));
+    m.zero = _mm512_cmpeq_epi8_mask(d, _mm512_setzero_si512());
+    WindowPlan plan;
+    if (!PlanWindow(m, &plan) || static_cast<size_t>(std::popcount(plan.seps)) > limit - n) {
+      stop = WindowStop::kRefused;
+      break;
+    }
+    const size_t elements = static_cast<size_t>(std::popcount(plan.seps));
+    const __m512i pos = _mm512_maskz_compress_epi8(plan.seps, iota);
+    const __m512i first = _mm512_maskz_compress_epi8(plan.starts, iota);
+    for (size_t g = 0; g < elements; g += 8) {
+      const __m512i sel = _mm512_add_epi8(lane_of, _mm512_set1_epi8(static_cast<char>(g)));
+      // Offsets -8..62 (a lane past the last element: -8..-1, all dropped below).
+      const __m512i at = _mm512_add_epi8(_mm512_permutexvar_epi8(sel, pos), back);
+      const __mmask64 keep = _mm512_cmpge_epi8_mask(at, _mm512_permutexvar_epi8(sel, first));
+      const __m512i digits = _mm512_maskz_sub_epi8(keep, _mm512_permutexvar_epi8(at, x), ascii0);
+      // Digit pairs (10 a + b), quads (100 p + q), then 10^4 hi + lo per 64-bit lane.
+      const __m512i pairs = _mm512_maddubs_epi16(digits, _mm512_set1_epi16(0x010A));
+      const __m512i quads = _mm512_madd_epi16(pairs, _mm512_set1_epi32(0x00010064));
+      const __m512i v = _mm512_add_epi64(_mm512_mul_epu32(quads, _mm512_set1_epi64(10000)),
+                                         _mm512_srli_epi64(quads, 32));
+      _mm512_storeu_si512(dst + n + g, v);
+    }
+    n += elements;
+    w += plan.next;
+    if (plan.closed) {
+      stop = WindowStop::kClosed;
+      break;
+    }
+  }
+  *p = w;
+  *count = n;
+  return stop;
+}
+#endif
 
 // Token ids in the compact form nlohmann and Python's json.dumps(separators) write, "12,345,6":
 // appends the run of elements at p that are 1-7 digits (no sign, no leading zero) each followed
@@ -454,27 +560,48 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
                 std::vector<T>* out) {
   // Whole windows are read into `buf` and appended a few hundred elements at a time (an append
   // per window cost a `rep movs` or a resize call each: a third of the scan).
-  T buf[256 + 3];  // + the AVX2 conversion's rounding to four
+  constexpr size_t kBuf = 1024;
+  T buf[kBuf + 3];  // + the AVX2 conversion's rounding to four
   size_t k = 0;
   const auto flush = [&] {
     out->insert(out->end(), buf, buf + k);
     k = 0;
   };
   while (end - p >= 64) {
-    const char* const w = p;
-    const ByteMasks masks = Masks64(w);
-    bool closed = false;
-    size_t count = 0;
-    const size_t used = out->size() + k;
-    if (w - readable_from >= 7 &&
-        WholeWindow(w, masks, buf + k, max_n > used ? max_n - used : 0, &count, &p, &closed)) {
+#if defined(KVO_AVX512_SCAN)
+    if (g_token_scan == TokenScan::kAvx512) {
+      const size_t used = out->size() + k;
+      size_t count = 0;
+      const WindowStop stop =
+          AVX512WholeWindows(&p, end, buf + k, kBuf - k, max_n > used ? max_n - used : 0, &count);
       k += count;
-      if (closed) {
+      if (stop == WindowStop::kClosed) {
         flush();
         return true;
       }
-      if (k > 256 - 32) flush();
-      continue;
+      if (stop == WindowStop::kFull) {
+        flush();
+        continue;
+      }
+      if (stop == WindowStop::kEnd) break;
+    }
+#endif
+    const char* const w = p;
+    const ByteMasks masks = Masks64(w);
+    if (g_token_scan != TokenScan::kAvx512) {
+      bool closed = false;
+      size_t count = 0;
+      const size_t used = out->size() + k;
+      if (w - readable_from >= 7 &&
+          WholeWindow(w, masks, buf + k, max_n > used ? max_n - used : 0, &count, &p, &closed)) {
+        k += count;
+        if (closed) {
+          flush();
+          return true;
+        }
+        if (k > kBuf - 32) flush();
+        continue;
+      }
     }
     flush();
     const uint64_t m = masks.non_digit;
@@ -860,9 +987,10 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
   return ParseRouterQueryDom(body, by_hash, max_items);
 }
 
-bool UseAvx2TokenScan(bool allowed) {
-  g_avx2_scan = allowed && Avx2Available();
-  return Avx2Available();
+TokenScan SetTokenScan(TokenScan wanted) {
+  static const TokenScan best = BestTokenScan();
+  g_token_scan = std::min(wanted, best);
+  return best;
 }
 
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,

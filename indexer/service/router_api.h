@@ -107,10 +107,13 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
 // scanner must agree with (router_api_test, router_query_fuzz).
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,
                                               int64_t max_items);
-// The token scanner converts whole 64-byte windows with AVX2 where the CPU has it (checked at run
-// time), else with the portable code. For tests: false forces the portable code; returns whether
-// AVX2 is available. Not for concurrent use with parsing.
-bool UseAvx2TokenScan(bool allowed);
+// How the token scanner converts whole 64-byte windows of compact token ids: the best the CPU
+// has, checked at run time (AVX-512 VBMI2: the window in registers; AVX2: four elements at a
+// time; else the portable code).
+enum class TokenScan { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// For tests and benchmarks: use `wanted` or the best the CPU has below it; returns the best the
+// CPU has. Not for concurrent use with parsing.
+TokenScan SetTokenScan(TokenScan wanted);
 
 // One stream's tiered match, in blocks: its GPU prefix, then (from the first GPU miss) blocks
 // held on GPU or CPU, then blocks held on any of GPU, CPU, DISK.

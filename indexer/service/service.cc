@@ -23,12 +23,12 @@
 
 namespace kvo {
 
-using service_internal::kPollSlice;
 using service_internal::kStreamCounters;
 using service_internal::kStreamGauges;
 using service_internal::LatencyBuckets;
 using service_internal::SourceState;
 using service_internal::StreamRow;
+using service_internal::StreamSlice;
 using service_internal::StreamState;
 
 bool IndexerService::Impl::WaitFor(const StreamState* s, int64_t ms) {
@@ -168,6 +168,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
   const int64_t start_ns = clock->MonotonicNanos();
   int64_t next_silence_log_ns = start_ns + config.silent_after_ms * 1'000'000;
   int64_t silence_log_step_ms = config.silent_after_ms;
+  const auto slice = StreamSlice(s->wake.fd() >= 0, config.silent_after_ms);
   while (!Stopped(s)) {
     SubscriberOptions o;
     o.endpoint = s->stream.endpoint;
@@ -208,7 +209,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
     std::vector<SubscriberNotice> pending;  // losses that precede a later batch
     bool resubscribe = false;
     while (!Stopped(s) && !resubscribe) {
-      auto next = sub->Next(kPollSlice);
+      auto next = sub->Next(slice);
       if (!next.ok()) {
         KVO_LOG_ERROR("source '{}' rank {}: subscriber failed: {}; resubscribing", s->stream.source,
                       s->stream.dp_rank, next.status().ToString());

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -24,10 +25,17 @@
 namespace kvo {
 namespace service_internal {
 
-// How long a stream thread waits for a batch before it checks whether it should stop: bounds how
-// long /unregister (and a discovered engine's move) waits for the thread (the router API's
-// /unregister p99 < 50 ms); an idle stream wakes 40 times a second for it.
+// How long a stream thread waits for a batch before it looks at the clock (the silence report) and
+// at whether it should stop. A stop or unregister wakes the wait at once through the stream's
+// eventfd (WakeFd), so the slice is long: an idle stream wakes about once a second, not 40 times
+// (100 idle sources polling every 25 ms were 4,000 context switches a second beside the query
+// path). Without an eventfd the slice is short (kPollSlice), as it bounds /unregister then.
 inline constexpr auto kPollSlice = std::chrono::milliseconds(25);
+inline std::chrono::milliseconds StreamSlice(bool woken_by_fd, int64_t silent_after_ms) {
+  if (!woken_by_fd) return kPollSlice;
+  return std::chrono::milliseconds(
+      std::clamp<int64_t>(silent_after_ms / 4, kPollSlice.count(), 1000));
+}
 
 inline std::vector<double> LatencyBuckets() {
   return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5};

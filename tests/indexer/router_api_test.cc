@@ -631,9 +631,11 @@ TEST(RouterQueryParseTest, LongTokenListsAgreeWithTheReference) {
 TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const bool has_avx2 = UseAvx2TokenScan(true);
-  std::printf("AVX2 %s\n", has_avx2 ? "available (both conversions checked)"
-                                    : "unavailable (the portable code twice)");
+  const TokenScan best = SetTokenScan(TokenScan::kAvx512);
+  std::printf(
+      "token scan: best on this CPU %d (0 portable, 1 AVX2, 2 AVX-512 VBMI2); each level "
+      "up to it checked\n",
+      static_cast<int>(best));
   std::mt19937 rng(seed);
   const std::vector<std::string> defects = {"-",  " ",  "0",   "12345678", ",", ".5", "x",  "]",
                                             "\n", "\"", "1e3", "99999999", "",  "00", "-0", "\t"};
@@ -660,22 +662,24 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
     std::string body = std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"token_ids":)";
     body += list + std::string(rng() % 70, ' ') + "}";
     auto ref = ParseRouterQueryReference(body, false, max_items);
-    // The portable conversion, then AVX2's (where the CPU has it): both the reference's answer.
-    for (bool avx2 : {false, true}) {
-      UseAvx2TokenScan(avx2);
+    // The portable conversion, AVX2's and AVX-512's (where the CPU has them): each the
+    // reference's answer.
+    for (int level = 0; level <= static_cast<int>(best); ++level) {
+      SetTokenScan(static_cast<TokenScan>(level));
       auto fast = ParseRouterQuery(body, false, max_items);
       ASSERT_EQ(fast.ok(), ref.ok())
-          << "avx2 " << avx2 << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
+          << "level " << level << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
           << " / " << ref.status().ToString();
       if (fast.ok()) {
-        ASSERT_EQ(fast->token_ids, ref->token_ids) << "avx2 " << avx2 << " " << body.substr(0, 400);
+        ASSERT_EQ(fast->token_ids, ref->token_ids)
+            << "level " << level << " " << body.substr(0, 400);
       } else {
         ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
       }
     }
     ++(ref.ok() ? accepted : refused);
   }
-  UseAvx2TokenScan(true);
+  SetTokenScan(TokenScan::kAvx512);
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused, 50);
 }
