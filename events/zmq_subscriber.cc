@@ -103,8 +103,10 @@ class ZmqSubscriber final : public Subscriber {
                                  : clock_->MonotonicNanos() + timeout.count() * 1'000'000;
     while (ready_.empty()) {
       if (replay_) {
-        KVO_RETURN_IF_ERROR(PumpReplay(deadline));
+        bool woken = false;
+        KVO_RETURN_IF_ERROR(PumpReplay(deadline, &woken));
         if (!ready_.empty()) break;
+        if (woken) return std::optional<ReceivedBatch>();
         if (replay_ && clock_->MonotonicNanos() >= deadline) return std::optional<ReceivedBatch>();
         continue;
       }
@@ -420,7 +422,9 @@ class ZmqSubscriber final : public Subscriber {
   }
 
   // Reads the current reply until a batch is ready, the reply ends, or `deadline`.
-  Status PumpReplay(int64_t deadline) {
+  // *woken: the wake descriptor (SubscriberOptions::wake_fd) became readable while it waited: it
+  // returns at once (a stop does not wait out the replay's timeout).
+  Status PumpReplay(int64_t deadline, bool* woken) {
     if (replay_->yielded) {
       replay_->yielded = false;
       replay_->last_frame_ns = clock_->MonotonicNanos();
@@ -454,9 +458,14 @@ class ZmqSubscriber final : public Subscriber {
       }
       if (now >= deadline) return Status::Ok();
       try {
-        zmq::pollitem_t item{dealer_.handle(), 0, ZMQ_POLLIN, 0};
+        zmq::pollitem_t items[2] = {{dealer_.handle(), 0, ZMQ_POLLIN, 0},
+                                    {nullptr, options_.wake_fd, ZMQ_POLLIN, 0}};
         int64_t wait = std::min({deadline, frame_deadline, total_deadline}) - now;
-        zmq::poll(&item, 1, std::chrono::milliseconds(PollMs(wait)));
+        zmq::poll(items, options_.wake_fd >= 0 ? 2 : 1, std::chrono::milliseconds(PollMs(wait)));
+        if (items[1].revents & ZMQ_POLLIN) {
+          *woken = true;
+          return Status::Ok();
+        }
       } catch (const zmq::error_t& e) {
         if (e.num() != EINTR) {
           return zmq_util::ZmqError("replay request to '" + *options_.replay_endpoint + "'", e);

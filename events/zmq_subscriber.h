@@ -58,9 +58,10 @@ struct SubscriberOptions {
   // Delivered batches whose digest is kept for duplicate and restart checks (8 bytes each).
   uint64_t digest_window = 262'144;
   DecodeLimits limits;
-  // A descriptor (an eventfd) whose readability ends Next's wait for live messages early: Next
-  // returns nothing at once, now and on every later call (it is not drained). The owner stops
-  // the thread that calls Next without waiting out its timeout. -1: none. Not owned.
+  // A descriptor (an eventfd) whose readability ends Next's wait early, for live messages or for a
+  // replay's reply: Next returns nothing at once, now and on every later call (it is not drained).
+  // The owner stops the thread that calls Next without waiting out its timeout. -1: none. Not
+  // owned.
   int wake_fd = -1;
 };
 

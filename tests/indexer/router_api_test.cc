@@ -87,6 +87,7 @@ class RouterApiTest : public ::testing::Test {
     IndexerConfig c = service_test::FastConfig(dir_.path());
     c.max_query_tokens = 100'000;
     c.max_sources = max_sources_;
+    if (silent_after_ms_ > 0) c.silent_after_ms = silent_after_ms_;
     return c;
   }
   std::unique_ptr<IndexerService> Start() {
@@ -116,6 +117,7 @@ class RouterApiTest : public ::testing::Test {
   }
   testing::TempDir dir_;
   int64_t max_sources_ = 4096;
+  int64_t silent_after_ms_ = 0;  // > 0: instead of FastConfig's
 };
 
 // The reference's register body, with the given endpoints and rank.
@@ -811,6 +813,39 @@ TEST(RouterStreamWakeTest, WakeFdEndsTheSubscribersWaitAtOnce) {
   EXPECT_FALSE(next->has_value());
   EXPECT_LT(std::chrono::steady_clock::now() - again, std::chrono::seconds(5));
   close(wake);
+}
+
+// An idle stream waits up to a second for a batch (a quarter of silent_after_ms, at most 1 s: an
+// idle source no longer wakes 40 times a second), and a stream whose replay endpoint does not
+// answer waits up to the replay timeout; /unregister must wait out neither: the stream's eventfd
+// ends both waits. Ten registered sources whose publishers never send (five with a replay endpoint
+// that never answers, five without one), idle for a while, unregistered one by one: each answer
+// within 250 ms (a lost wake costs a source a wait spread over 0-1 s, so all ten under 250 ms by
+// chance is far below 0.1 %).
+TEST_F(RouterApiTest, UnregisterWakesAnIdleStreamsLongWait) {
+  silent_after_ms_ = 10'000;
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  const int n = 10;
+  for (int i = 0; i < n; ++i) {
+    Json body = Json::parse(RegisterBody("tcp://127.0.0.1:" + std::to_string(FreePort()),
+                                         "tcp://127.0.0.1:" + std::to_string(FreePort()), 0));
+    body["instance_id"] = "idle-" + std::to_string(i);
+    if (i % 2 == 1) body.erase("replay_endpoint");  // the live wait, not the replay's
+    Ok(Call(*svc, "POST", "/register", body.dump()));
+  }
+  // The scenario: sources that have been idle (their threads in the long wait), not a sync.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < n; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    Json r = Ok(Call(*svc, "POST", "/unregister",
+                     R"({"instance_id": "idle-)" + std::to_string(i) + R"("})"));
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_EQ(r["removed_instances"].size(), 1u) << r.dump();
+    EXPECT_LT(took, std::chrono::milliseconds(250))
+        << "source " << i << (i % 2 == 1 ? " (live wait)" : " (replay wait)")
+        << ": /unregister waited out the stream's wait (the wake was lost)";
+  }
 }
 
 TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
