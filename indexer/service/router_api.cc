@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -340,7 +341,8 @@ TokenScan BestTokenScan() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2")) {
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi") &&
+      __builtin_cpu_supports("avx512vbmi2")) {
     return TokenScan::kAvx512;
   }
   if (__builtin_cpu_supports("avx2")) return TokenScan::kAvx2;
@@ -384,15 +386,31 @@ void ConvertFormsAvx2(uint64_t* forms, size_t k, T* dst) {
 #endif
 
 // What a 64-byte window holds when it is nothing but compact elements: every element that ends
-// in it (up to its last separator, or its first ']') is 1-7 digits without a leading zero, each
-// followed by ',' (or the closing ']'). All of that is checked on the masks; false for any window
-// that is not so (the per-element loop takes it).
+// in it (up to its last separator, or its first ']') is 1 to kMaxDigits digits (7: token ids; 20:
+// 64-bit hashes) without a leading zero, each followed by ',' (or the closing ']'). All of that is
+// checked on the masks; false for any window that is not so (the per-element loop takes it).
 struct WindowPlan {
   uint64_t seps = 0;    // each element's separator, bit per byte
   uint64_t starts = 0;  // each element's first digit
   size_t next = 0;      // the offset past the last separator
   bool closed = false;  // the last separator is the list's ']'
 };
+// Bit i: a run of more than kMaxDigits digits starts at i (`digits`: bit i for a digit at i).
+template <int kMaxDigits>
+inline uint64_t LongRuns(uint64_t digits) {
+  uint64_t r = digits & (digits >> 1);  // bit i: digits at i..i+1
+  r &= r >> 2;                          // i..i+3
+  r &= r >> 4;                          // i..i+7
+  if constexpr (kMaxDigits == 7) {
+    return r;
+  } else {
+    static_assert(kMaxDigits == 20);
+    r &= r >> 8;          // i..i+15
+    return r & (r >> 5);  // i..i+20
+  }
+}
+
+template <int kMaxDigits = 7>
 inline bool PlanWindow(const ByteMasks& m, WindowPlan* plan) {
   uint64_t range;  // bits [0, the last separator]
   uint64_t commas_wanted;
@@ -411,13 +429,10 @@ inline bool PlanWindow(const ByteMasks& m, WindowPlan* plan) {
   }
   const uint64_t seps = m.non_digit & range;
   const uint64_t digits = ~m.non_digit & range;
-  uint64_t eight = digits & (digits >> 1);  // bit i: digits at i..i+7
-  eight &= eight >> 2;
-  eight &= eight >> 4;
   const uint64_t starts = ((seps << 1) | 1) & range;
   if ((m.comma & range) != commas_wanted ||      // a non-digit other than ',' (and the final ']')
       (seps & ((seps << 1) | 1)) != 0 ||         // an empty element (or a non-digit at w)
-      eight != 0 ||                              // 8 digits or more
+      LongRuns<kMaxDigits>(digits) != 0 ||       // more digits than an element may have
       (starts & m.zero & (digits >> 1)) != 0) {  // a leading zero
     return false;
   }
@@ -474,30 +489,56 @@ bool WholeWindow(const char* w, const ByteMasks& m, T* dst, size_t limit, size_t
 // Why AVX512WholeWindows stopped.
 enum class WindowStop { kClosed, kRefused, kFull, kEnd };
 
+#define KVO_AVX512_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,avx512vbmi2,popcnt,bmi")))
+
+// For 8 elements of the window x (lane i: element `sel` byte 8i; `pos` and `first`: each element's
+// separator and first-digit offsets, one byte each): the value of the 8 digits that end `shift`
+// bytes before the element's separator, the bytes before its first digit read as 0.
+KVO_AVX512_TARGET inline __m512i EightDigitsBefore(__m512i x, __m512i pos, __m512i first,
+                                                   __m512i sel, int shift) {
+  alignas(64) static constexpr int8_t kBack[64] = {
+      -8, -7, -6, -5, -4, -3, -2, -1, -8, -7, -6, -5, -4, -3, -2, -1, -8, -7, -6, -5, -4, -3,
+      -2, -1, -8, -7, -6, -5, -4, -3, -2, -1, -8, -7, -6, -5, -4, -3, -2, -1, -8, -7, -6, -5,
+      -4, -3, -2, -1, -8, -7, -6, -5, -4, -3, -2, -1, -8, -7, -6, -5, -4, -3, -2, -1};
+  const __m512i ascii0 = _mm512_set1_epi8('0');
+  // Offsets -8-shift..62 (a lane past the last element: all below 0, dropped).
+  const __m512i at = _mm512_add_epi8(
+      _mm512_permutexvar_epi8(sel, pos),
+      _mm512_sub_epi8(_mm512_load_si512(kBack), _mm512_set1_epi8(static_cast<char>(shift))));
+  const __mmask64 keep = _mm512_cmpge_epi8_mask(at, _mm512_permutexvar_epi8(sel, first));
+  const __m512i digits = _mm512_maskz_sub_epi8(keep, _mm512_permutexvar_epi8(at, x), ascii0);
+  // Digit pairs (10 a + b), quads (100 p + q), then 10^4 hi + lo per 64-bit lane.
+  const __m512i pairs = _mm512_maddubs_epi16(digits, _mm512_set1_epi16(0x010A));
+  const __m512i quads = _mm512_madd_epi16(pairs, _mm512_set1_epi32(0x00010064));
+  return _mm512_add_epi64(_mm512_mul_epu32(quads, _mm512_set1_epi64(10000)),
+                          _mm512_srli_epi64(quads, 32));
+}
+
 // WholeWindow for consecutive windows with AVX-512 VBMI/VBMI2, all in registers: the masks from
 // one 64-byte load; each element's separator and first-digit offsets packed into bytes
 // (VPCOMPRESSB of 0..63 under the masks); for eight elements at a time, each 8-byte lane gathers
 // the 8 bytes that end at its element's separator (VPERMB), the bytes before the element's first
 // digit become 0, and the lanes convert together (pairs, quads, then 64-bit). No store and reload
 // per element (the AVX2 path's forms stall on store forwarding). Needs no byte before w.
+// kMaxDigits 7: token ids (T int64_t); 20: hashes (T uint64_t), three such lanes per element (the
+// 8 digits before the separator, the 8 before those, the 4 before those) and a window with a value
+// past UINT64_MAX refused.
 // Appends to dst (room for `room` elements) while windows are whole; stops at the ']' (kClosed,
 // past it), at a window it cannot take whole (kRefused, *p at that window: the caller's
 // per-element loop takes it), when fewer than 32 places are left (kFull) or fewer than 64
 // bytes (kEnd). `limit`: how many more the item limit allows.
-template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,popcnt,bmi"))) WindowStop
-AVX512WholeWindows(const char** p, const char* end, T* dst, size_t room, size_t limit,
-                   size_t* count) {
+template <typename T, int kMaxDigits = 7>
+KVO_AVX512_TARGET WindowStop AVX512WholeWindows(const char** p, const char* end, T* dst,
+                                                size_t room, size_t limit, size_t* count) {
   static_assert(sizeof(T) == 8);
   alignas(64) static constexpr uint8_t kIota[64] = {
       0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
       22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
       44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
   const __m512i iota = _mm512_load_si512(kIota);
-  // Lane i's bytes: element i's index (8 bytes of i); its byte j: offset j - 8 from the separator.
+  // Lane i's bytes: element i's index (8 bytes of i).
   const __m512i lane_of = _mm512_srli_epi16(_mm512_and_si512(iota, _mm512_set1_epi8(0x38)), 3);
-  const __m512i back =
-      _mm512_sub_epi8(_mm512_and_si512(iota, _mm512_set1_epi8(7)), _mm512_set1_epi8(8));
   const __m512i ascii0 = _mm512_set1_epi8('0');
   size_t n = 0;
   const char* w = *p;
@@ -515,25 +556,41 @@ AVX512WholeWindows(const char** p, const char* end, T* dst, size_t room, size_t 
     m.close = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(']'));
     m.zero = _mm512_cmpeq_epi8_mask(d, _mm512_setzero_si512());
     WindowPlan plan;
-    if (!PlanWindow(m, &plan) || static_cast<size_t>(std::popcount(plan.seps)) > limit - n) {
+    if (!PlanWindow<kMaxDigits>(m, &plan) ||
+        static_cast<size_t>(std::popcount(plan.seps)) > limit - n) {
       stop = WindowStop::kRefused;
       break;
     }
     const size_t elements = static_cast<size_t>(std::popcount(plan.seps));
     const __m512i pos = _mm512_maskz_compress_epi8(plan.seps, iota);
     const __m512i first = _mm512_maskz_compress_epi8(plan.starts, iota);
+    bool overflow = false;
     for (size_t g = 0; g < elements; g += 8) {
       const __m512i sel = _mm512_add_epi8(lane_of, _mm512_set1_epi8(static_cast<char>(g)));
-      // Offsets -8..62 (a lane past the last element: -8..-1, all dropped below).
-      const __m512i at = _mm512_add_epi8(_mm512_permutexvar_epi8(sel, pos), back);
-      const __mmask64 keep = _mm512_cmpge_epi8_mask(at, _mm512_permutexvar_epi8(sel, first));
-      const __m512i digits = _mm512_maskz_sub_epi8(keep, _mm512_permutexvar_epi8(at, x), ascii0);
-      // Digit pairs (10 a + b), quads (100 p + q), then 10^4 hi + lo per 64-bit lane.
-      const __m512i pairs = _mm512_maddubs_epi16(digits, _mm512_set1_epi16(0x010A));
-      const __m512i quads = _mm512_madd_epi16(pairs, _mm512_set1_epi32(0x00010064));
-      const __m512i v = _mm512_add_epi64(_mm512_mul_epu32(quads, _mm512_set1_epi64(10000)),
-                                         _mm512_srli_epi64(quads, 32));
-      _mm512_storeu_si512(dst + n + g, v);
+      if constexpr (kMaxDigits == 7) {
+        _mm512_storeu_si512(dst + n + g, EightDigitsBefore(x, pos, first, sel, 0));
+      } else {
+        // Up to 20 digits: hi (4) * 10^16 + mid (8) * 10^8 + lo (8); past UINT64_MAX
+        // (18446744073709551615) when hi > 1844, or hi == 1844 and the rest > 6744073709551615:
+        // the window is refused (the per-element code names the element).
+        const __m512i lo = EightDigitsBefore(x, pos, first, sel, 0);
+        const __m512i mid = EightDigitsBefore(x, pos, first, sel, 8);
+        const __m512i hi = EightDigitsBefore(x, pos, first, sel, 16);
+        const __m512i rest =
+            _mm512_add_epi64(_mm512_mul_epu32(mid, _mm512_set1_epi64(100000000)), lo);
+        const __mmask8 over =
+            _mm512_cmpgt_epu64_mask(hi, _mm512_set1_epi64(1844)) |
+            (_mm512_cmpeq_epi64_mask(hi, _mm512_set1_epi64(1844)) &
+             _mm512_cmpgt_epu64_mask(rest, _mm512_set1_epi64(6744073709551615LL)));
+        overflow = overflow || over != 0;
+        _mm512_storeu_si512(
+            dst + n + g,
+            _mm512_add_epi64(_mm512_mullo_epi64(hi, _mm512_set1_epi64(10000000000000000LL)), rest));
+      }
+    }
+    if (overflow) {
+      stop = WindowStop::kRefused;
+      break;
     }
     n += elements;
     w += plan.next;
@@ -636,6 +693,27 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
 }
 #endif
 
+#if defined(KVO_AVX512_SCAN)
+// The hashes' counterpart of FastIntRun, with AVX-512 only (TokenScan::kAvx512): whole windows of
+// compact 1-20-digit elements (AVX512WholeWindows<uint64_t, 20>) while there are; true after the
+// closing ']'; false with p at the first element of a window it cannot take whole (a sign,
+// whitespace, a leading zero, 21 digits, a value past UINT64_MAX, the item limit, the body's last
+// 64 bytes): the caller's per-element loop takes it.
+bool FastHashRun(const char*& p, const char* end, size_t max_n, std::vector<uint64_t>* out) {
+  constexpr size_t kBuf = 1024;
+  uint64_t buf[kBuf];
+  for (;;) {
+    const size_t used = out->size();
+    size_t count = 0;
+    const WindowStop stop = AVX512WholeWindows<uint64_t, 20>(
+        &p, end, buf, kBuf, max_n > used ? max_n - used : 0, &count);
+    out->insert(out->end(), buf, buf + count);
+    if (stop == WindowStop::kClosed) return true;
+    if (stop != WindowStop::kFull) return false;
+  }
+}
+#endif
+
 // Reads the elements of a list of integers, p just past its '[', into *out; returns the position
 // past its ']', or nullptr for anything else (then the caller falls back to the DOM). kSigned:
 // token ids (int64); else u64 or int64 bit patterns (hashes). The cursor is a local of this one
@@ -647,10 +725,22 @@ const char* ReadIntList(const char* p, const char* end, const char* readable_fro
   SkipWs(p, end);
   if (p < end && *p == ']') return p + 1;
   const size_t max_n = static_cast<size_t>(std::max<int64_t>(max_items, 0));
+  // Hashes: after a window the vector code refused, the next elements one by one (a list of
+  // negative or spaced hashes does not pay a refused window per element).
+  int one_by_one = 0;
   for (;;) {
 #if defined(__SSE2__)
     if constexpr (kSigned && std::endian::native == std::endian::little) {
       if (FastIntRun(p, end, readable_from, max_n, out)) return p;
+    }
+#endif
+#if defined(KVO_AVX512_SCAN)
+    if constexpr (!kSigned && std::is_same_v<T, uint64_t> &&
+                  std::endian::native == std::endian::little) {
+      if (g_token_scan == TokenScan::kAvx512 && one_by_one-- <= 0) {
+        if (FastHashRun(p, end, max_n, out)) return p;
+        one_by_one = 8;
+      }
     }
 #endif
     bool neg = false;

@@ -686,6 +686,77 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
   EXPECT_GT(refused, 50);
 }
 
+// The same for /query_by_hash: whole windows of compact 1-20-digit hashes (AVX-512, where the CPU
+// has it), with one defect each at every offset — 21 digits, values just past UINT64_MAX
+// (18446744073709551616, 18450000000000000000, 99999999999999999999) beside the largest one and
+// others with the same first four digits, 25-28 digits whose last 24 alone would be a valid value,
+// a sign, a leading zero, whitespace — and item limits
+// around the count: each level the CPU has answers exactly what the reference parser answers.
+// Seed printed.
+TEST(RouterQueryParseTest, HashWindowsAgreeWithTheReferenceAroundEveryDefect) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const TokenScan best = SetTokenScan(TokenScan::kAvx512);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::string> edges = {
+      "18446744073709551615", "18446744073709551616", "18446744073709551999",
+      "18440000000000000000", "18450000000000000000", "99999999999999999999",
+      "18446744073709551614", "10000000000000000000", "0", "9223372036854775808",
+      // 25 and 28 digits whose last 24 alone would read as a valid value
+      "9000018440000000000000000", "1000000000000000000000000005"};
+  const std::vector<std::string> defects = {
+      "-",  " ",  "0", "123456789012345678901", ",", ".5", "x", "]", "\n", "e3", "00",
+      "-0", "\t", "1"};
+  int accepted = 0;
+  int refused = 0;
+  for (int round = 0; round < 600; ++round) {
+    const int n = 1 + static_cast<int>(rng() % 200);
+    std::vector<std::string> elems;
+    for (int i = 0; i < n; ++i) {
+      if (round % 2 == 0 && rng() % 64 == 0) {  // an edge value in every other list
+        elems.push_back(edges[rng() % edges.size()]);
+        continue;
+      }
+      // Mostly 17-20 digits (hashes), some short.
+      const int digits =
+          rng() % 4 == 0 ? 1 + static_cast<int>(rng() % 20) : 17 + static_cast<int>(rng() % 4);
+      std::string d = std::to_string(1 + rng() % 9);
+      while (static_cast<int>(d.size()) < digits) d += static_cast<char>('0' + rng() % 10);
+      if (digits == 20 && d > "18446744073709551615") d[0] = '1', d[1] = '0';
+      elems.push_back(d);
+    }
+    if (rng() % 3 != 0) {  // one defect, in an element or between two
+      std::string& e = elems[rng() % elems.size()];
+      const std::string& d = defects[rng() % defects.size()];
+      e.insert(rng() % (e.size() + 1), d);
+    }
+    std::string list = "[";
+    for (int i = 0; i < n; ++i) list += (i ? "," : "") + elems[static_cast<size_t>(i)];
+    if (rng() % 20 != 0) list += "]";
+    const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
+    std::string body =
+        std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"seq_hashes":)";
+    body += list + std::string(rng() % 70, ' ') + "}";
+    auto ref = ParseRouterQueryReference(body, true, max_items);
+    for (int level = 0; level <= static_cast<int>(best); ++level) {
+      SetTokenScan(static_cast<TokenScan>(level));
+      auto fast = ParseRouterQuery(body, true, max_items);
+      ASSERT_EQ(fast.ok(), ref.ok())
+          << "level " << level << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
+          << " / " << ref.status().ToString();
+      if (fast.ok()) {
+        ASSERT_EQ(fast->hashes, ref->hashes) << "level " << level << " " << body.substr(0, 400);
+      } else {
+        ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
+      }
+    }
+    ++(ref.ok() ? accepted : refused);
+  }
+  SetTokenScan(TokenScan::kAvx512);
+  EXPECT_GT(accepted, 60);
+  EXPECT_GT(refused, 50);
+}
+
 TEST(RouterQueryParseTest, FastListPathAgreesWithTheJson) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
