@@ -111,6 +111,11 @@ struct ScoreQuery {
   std::vector<uint64_t> block_hashes;  // engine block hashes (64-bit wire form)
   std::optional<int64_t> block_size;   // default IndexerOptions::default_block_size
   std::optional<std::string> lora_name;
+  // Optional, with token_ids: their content keys, already computed by the caller with this block
+  // size and LoRA name (ContentKeys, or the router API's KeyHelper while it parsed the body), one
+  // per complete block; used instead of hashing the tokens again. Any other count is
+  // InvalidArgument.
+  std::vector<uint64_t> content_keys;
   // Weight per medium name; media not named here get the defaults GPU 1.0, CPU 0.8,
   // STORAGE 0.5, anything else 1.0 (as llm-d weighs unknown tiers).
   std::map<std::string, double> weights;

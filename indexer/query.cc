@@ -60,6 +60,14 @@ Result<indexer_internal::BlockKeys> Indexer::Impl::QueryKeys(const ScoreQuery& q
     return Status::InvalidArgument("block_size must be positive, got " +
                                    std::to_string(*block_size));
   }
+  if (!q.content_keys.empty()) {
+    if (q.content_keys.size() != q.token_ids.size() / static_cast<size_t>(*block_size)) {
+      return Status::InvalidArgument(
+          "score query has " + std::to_string(q.content_keys.size()) + " content keys for " +
+          std::to_string(q.token_ids.size() / static_cast<size_t>(*block_size)) + " blocks");
+    }
+    return indexer_internal::BlockKeys::Given(q.content_keys);
+  }
   // Content keys are hashed lazily, as far as the scoring walk reads them.
   return indexer_internal::BlockKeys::FromTokens(q.token_ids, static_cast<size_t>(*block_size),
                                                  ContentKeyRoot(q.lora_name.value_or("")));

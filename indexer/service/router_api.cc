@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <type_traits>
@@ -185,17 +186,17 @@ Result<std::vector<uint64_t>> Hashes(const json& v, const char* key) {
 
 // The fast path for the one big list of a query (token_ids / seq_hashes / block_hash): a
 // 128k-token prompt is ~0.9 MB of JSON, and building nlohmann's DOM of 131 072 numbers costs
-// milliseconds. This scanner walks the top-level object once, reads the list of plain integers
-// straight into `out`, and returns the body with that list replaced by [] for the ordinary parser
-// (which then checks every other field exactly as before). Anything it does not expect (escapes
-// in keys, the key twice, a non-integer element, an integer out of range, more than max_items
-// elements, malformed text) makes it give up: the ordinary parser then handles the whole body and
-// produces the same answer or error as without this path.
+// milliseconds. FindBigList walks the top-level object once and finds the list (from its '[' to
+// the first ']' after it); the body with that list replaced by [] goes to the ordinary parser
+// (which checks every other field exactly as before), and the list of plain integers is read
+// straight into a vector. Anything it does not expect (escapes in keys, the key twice, a
+// non-integer element, an integer out of range, more than max_items elements, a list that does
+// not end at that ']', malformed text) makes it give up: the ordinary parser then handles the
+// whole body and produces the same answer or error as without this path.
 struct BigList {
-  std::string rest;              // the body with the list replaced by []
-  std::vector<uint64_t> values;  // hashes, as 64-bit patterns (negative int64 two's complement)
-  std::vector<int64_t> tokens;   // token ids (signed_values)
-  std::string key;
+  const char* open = nullptr;   // its '['
+  const char* close = nullptr;  // its ']'
+  std::string rest;             // the body with the list replaced by []
 };
 
 bool IsWs(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -614,7 +615,7 @@ KVO_AVX512_TARGET WindowStop AVX512WholeWindows(const char** p, const char* end,
 // the body). REQUIRES: readable_from <= p (the body's first byte).
 template <typename T>
 bool FastIntRun(const char*& p, const char* end, const char* readable_from, size_t max_n,
-                std::vector<T>* out) {
+                std::vector<T>* out, TokenSink* sink) {
   // Whole windows are read into `buf` and appended a few hundred elements at a time (an append
   // per window cost a `rep movs` or a resize call each: a third of the scan).
   constexpr size_t kBuf = 1024;
@@ -623,6 +624,9 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
   const auto flush = [&] {
     out->insert(out->end(), buf, buf + k);
     k = 0;
+    if constexpr (std::is_same_v<T, int64_t>) {
+      if (sink != nullptr) sink->Tokens(out->data(), out->size());
+    }
   };
   while (end - p >= 64) {
 #if defined(KVO_AVX512_SCAN)
@@ -721,7 +725,7 @@ bool FastHashRun(const char*& p, const char* end, size_t max_n, std::vector<uint
 // ~2.5 ns each instead of ~6.
 template <bool kSigned, typename T>
 const char* ReadIntList(const char* p, const char* end, const char* readable_from,
-                        int64_t max_items, std::vector<T>* out) {
+                        int64_t max_items, std::vector<T>* out, TokenSink* sink) {
   SkipWs(p, end);
   if (p < end && *p == ']') return p + 1;
   const size_t max_n = static_cast<size_t>(std::max<int64_t>(max_items, 0));
@@ -731,7 +735,7 @@ const char* ReadIntList(const char* p, const char* end, const char* readable_fro
   for (;;) {
 #if defined(__SSE2__)
     if constexpr (kSigned && std::endian::native == std::endian::little) {
-      if (FastIntRun(p, end, readable_from, max_n, out)) return p;
+      if (FastIntRun(p, end, readable_from, max_n, out, sink)) return p;
     }
 #endif
 #if defined(KVO_AVX512_SCAN)
@@ -775,9 +779,7 @@ const char* ReadIntList(const char* p, const char* end, const char* readable_fro
   }
 }
 
-// signed_values: the list holds int64 (token ids); else u64 or int64 bit patterns (hashes).
-std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<const char*> keys,
-                                   int64_t max_items, bool signed_values) {
+std::optional<BigList> FindBigList(std::string_view body, std::initializer_list<const char*> keys) {
   const char* const begin = body.data();
   const char* const end = begin + body.size();
   const char* p = begin;
@@ -786,8 +788,6 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
   if (p >= end || *p != '{') return std::nullopt;
   ++p;
   BigList out;
-  const char* span_begin = nullptr;
-  const char* span_end = nullptr;
   for (;;) {
     ws();
     if (p < end && *p == '}') break;
@@ -804,25 +804,12 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
     bool wanted = false;
     for (const char* w : keys) wanted = wanted || key == w;
     if (wanted) {
-      if (span_begin != nullptr) return std::nullopt;  // twice (or both spellings)
+      if (out.open != nullptr) return std::nullopt;  // twice (or both spellings)
       if (p >= end || *p != '[') return std::nullopt;
-      span_begin = p;
-      out.key = std::string(key);
-      // Room for the list without regrowing: at least 2 bytes of text per element (pages not
-      // written are not touched).
-      const size_t guess =
-          std::min<size_t>(static_cast<size_t>(end - p) / 2 + 1,
-                           static_cast<size_t>(std::max<int64_t>(max_items, 0)) + 1);
-      if (signed_values) {
-        out.tokens.reserve(guess);
-      } else {
-        out.values.reserve(guess);
-      }
-      ++p;
-      p = signed_values ? ReadIntList<true>(p, end, begin, max_items, &out.tokens)
-                        : ReadIntList<false>(p, end, begin, max_items, &out.values);
-      if (p == nullptr) return std::nullopt;
-      span_end = p;
+      out.open = p;
+      out.close = static_cast<const char*>(std::memchr(p, ']', static_cast<size_t>(end - p)));
+      if (out.close == nullptr) return std::nullopt;
+      p = out.close + 1;
     } else if (!SkipValue(p, end)) {
       return std::nullopt;
     }
@@ -834,12 +821,27 @@ std::optional<BigList> ScanBigList(std::string_view body, std::initializer_list<
     if (p < end && *p == '}') break;
     return std::nullopt;
   }
-  if (span_begin == nullptr) return std::nullopt;
-  out.rest.reserve(body.size() - static_cast<size_t>(span_end - span_begin) + 2);
-  out.rest.append(begin, span_begin);
+  if (out.open == nullptr) return std::nullopt;
+  out.rest.reserve(body.size() - static_cast<size_t>(out.close + 1 - out.open) + 2);
+  out.rest.append(begin, out.open);
   out.rest.append("[]");
-  out.rest.append(span_end, end);
+  out.rest.append(out.close + 1, end);
   return out;
+}
+
+// Reads the list FindBigList found into *values; false unless it is plain integers that end at
+// its ']'. Room for the whole list is reserved first (an element takes 2 bytes of text at
+// least), so the vector never moves while it is read (TokenSink's promise).
+template <bool kSigned, typename T>
+bool ReadBigList(std::string_view body, const BigList& list, int64_t max_items,
+                 std::vector<T>* values, TokenSink* sink) {
+  const char* const end = body.data() + body.size();
+  values->reserve(std::min<size_t>(static_cast<size_t>(list.close + 1 - list.open) / 2 + 1,
+                                   static_cast<size_t>(std::max<int64_t>(max_items, 0)) + 1));
+  const T* const data = values->data();
+  const char* p = ReadIntList<kSigned>(list.open + 1, end, body.data(), max_items, values, sink);
+  if (values->data() != data) std::abort();  // the reservation above makes this impossible
+  return p == list.close + 1;
 }
 
 }  // namespace
@@ -1063,18 +1065,34 @@ Result<RouterQuery> ParseRouterQueryDom(std::string_view body, bool by_hash, int
 
 }  // namespace
 
-Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items) {
-  // The big list first, by hand; the rest of the body through the ordinary parser below.
+Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items,
+                                     TokenSink* sink) {
+  // The big list's place first, the rest of the body through the ordinary parser, then the list
+  // by hand (fed to the sink once the rest says the block size and LoRA).
   std::optional<BigList> big =
-      by_hash ? ScanBigList(body, {"seq_hashes", "block_hash"}, max_items, false)
-              : ScanBigList(body, {"token_ids"}, max_items, true);
-  if (big) {
-    KVO_ASSIGN_OR_RETURN(RouterQuery q, ParseRouterQueryDom(big->rest, by_hash, max_items));
-    q.hashes = std::move(big->values);
-    q.token_ids = std::move(big->tokens);
-    return q;
+      FindBigList(body, by_hash ? std::initializer_list<const char*>{"seq_hashes", "block_hash"}
+                                : std::initializer_list<const char*>{"token_ids"});
+  if (!big) return ParseRouterQueryDom(body, by_hash, max_items);
+  Result<RouterQuery> head = ParseRouterQueryDom(big->rest, by_hash, max_items);
+  if (by_hash) {
+    std::vector<uint64_t> hashes;
+    if (!ReadBigList<false>(body, *big, max_items, &hashes, nullptr)) {
+      return ParseRouterQueryDom(body, by_hash, max_items);
+    }
+    if (head.ok()) head->hashes = std::move(hashes);
+    return head;
   }
-  return ParseRouterQueryDom(body, by_hash, max_items);
+  std::vector<int64_t> tokens;
+  const bool feed = sink != nullptr && head.ok() && head->block_size > 0;
+  if (feed) sink->Begin(head->block_size, head->lora_name);
+  const bool read = ReadBigList<true>(body, *big, max_items, &tokens, feed ? sink : nullptr);
+  if (feed) {
+    if (read) sink->Tokens(tokens.data(), tokens.size());
+    sink->End(read);
+  }
+  if (!read) return ParseRouterQueryDom(body, by_hash, max_items);
+  if (head.ok()) head->token_ids = std::move(tokens);
+  return head;
 }
 
 TokenScan SetTokenScan(TokenScan wanted) {

@@ -100,9 +100,26 @@ struct RouterQuery {
   std::vector<int64_t> token_ids;  // /query
   std::vector<uint64_t> hashes;    // /query_by_hash
 };
+// Receives a /query body's token ids while the list scanner reads them, so that work on them (the
+// content keys, KeyHelper) overlaps the rest of the parse. Calls, all from the parsing thread:
+// Begin once the rest of the body has parsed (its block size, positive, and LoRA name), then
+// Tokens as the list grows (tokens [0, n) of `data` are final; `data` stays where it is until
+// End), then End(ok): ok when those tokens are the body's token_ids (the parse may still fail on
+// another field); not ok when the scanner gave up on the list (the DOM reads the body instead).
+// No call at all when the body's other fields do not parse or the list is not compact integers.
+class TokenSink {
+ public:
+  virtual ~TokenSink() = default;
+  virtual void Begin(int64_t block_size, std::string_view lora_name) = 0;
+  virtual void Tokens(const int64_t* data, size_t n) = 0;
+  virtual void End(bool ok) = 0;
+};
+
 // by_hash: /query_by_hash ("seq_hashes" or "block_hash"), else /query ("token_ids"). A list
-// longer than max_items is a 400 (checked on the text before the DOM is built).
-Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items);
+// longer than max_items is a 400 (checked on the text before the DOM is built). `sink` (optional,
+// /query only): fed the token ids as they are read.
+Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items,
+                                     TokenSink* sink = nullptr);
 // The same without the list scanner (the whole body through the JSON DOM): the reference the
 // scanner must agree with (router_api_test, router_query_fuzz).
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,

@@ -546,6 +546,9 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
   impl->config = config;
   impl->options = options;
   impl->clock = options.clock != nullptr ? options.clock : SystemClock();
+  if (options.parallel_query_keys && std::thread::hardware_concurrency() > 1) {
+    impl->key_helper = std::make_unique<KeyHelper>();
+  }
   IndexerOptions io = options.index;
   io.clock = impl->clock;
   io.default_block_size = config.default_block_size;

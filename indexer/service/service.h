@@ -42,6 +42,9 @@ struct ServiceOptions {
   // POST /register of a tcp:// endpoint off loopback needs this (the API would otherwise make
   // the daemon connect anywhere).
   bool allow_remote_sources = false;
+  // POST /query hashes the prompt's content keys on a helper thread while its token list is
+  // parsed (KeyHelper), where the machine has more than one CPU.
+  bool parallel_query_keys = true;
 };
 
 class IndexerService {

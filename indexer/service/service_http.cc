@@ -339,7 +339,10 @@ HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
 
 HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash) {
   const int64_t start = clock->MonotonicNanos();
-  auto q = ParseRouterQuery(r.body, by_hash, config.max_query_tokens);
+  // /query: the content keys hashed on the helper while the token list is read (when it is free).
+  std::unique_ptr<KeyHelper::Lease> keys =
+      !by_hash && key_helper != nullptr ? key_helper->TryLease() : nullptr;
+  auto q = ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys.get());
   if (!q.ok()) {
     score_bad->Increment();
     return JsonError(400, std::string(q.status().message()));
@@ -408,6 +411,7 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
   } else {
     sq.token_ids = std::move(q->token_ids);
     sq.block_size = q->block_size;
+    if (keys != nullptr) sq.content_keys = keys->TakeKeys();
   }
   if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
   const bool empty =

@@ -20,6 +20,7 @@
 #include "events/zmq_subscriber.h"
 #include "indexer/service/discovery.h"
 #include "indexer/service/doctor.h"
+#include "indexer/service/key_helper.h"
 #include "indexer/service/service.h"
 
 namespace kvo {
@@ -145,6 +146,7 @@ struct StreamState {
 struct IndexerService::Impl {
   IndexerConfig config;
   ServiceOptions options;
+  std::unique_ptr<KeyHelper> key_helper;  // null: /query hashes its keys on its own thread
   Clock* clock = nullptr;
   std::unique_ptr<Indexer> index;
   MetricsRegistry metrics;

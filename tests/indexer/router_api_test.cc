@@ -976,7 +976,7 @@ TEST_F(RouterApiTest, DpRanksRegistersEveryRankOnOffsetPorts) {
 // framework's copy of the same block on the same medium, and a removal matches the residency it
 // names (one naming kvcr never drops the framework's copy, nor the reverse). Held in memory, in
 // SQLite after compaction, and after a reopen; the tiered match counts either copy as CPU.
-EventBatch Owned(bool remove, std::vector<uint64_t> hashes, const char* ownership) {
+EventBatch Owned(bool remove, const std::vector<uint64_t>& hashes, const char* ownership) {
   std::vector<BlockHash> hs;
   for (uint64_t h : hashes) hs.push_back(BlockHash::Uint(h));
   EventBatch b{1700000000.0, {}, 0};

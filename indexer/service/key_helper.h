@@ -1,0 +1,94 @@
+// A /query's content keys hashed on a thread of their own while the handler's thread reads the
+// token list (ParseRouterQuery's TokenSink), so the two overlap: on a 128k-token prompt the keys
+// (8,192 chained XXH3-64) cost about as much as the parse.
+//
+// One query at a time holds the helper (TryLease); a query that finds it held hashes on its own
+// thread as without it. The helper thread waits on a condition variable for a lease's Begin, then
+// follows the parse through two atomics (tokens read so far, and whether the list is complete),
+// spinning between the parser's reports (about one per thousand tokens). Whoever claims the job
+// first does it: the helper when it wakes in time; otherwise the lease's End claims it and the
+// query gets no keys (the walk then hashes lazily, as without a helper), so a slow wake-up never
+// makes a query wait. Each job has a generation, part of every claim, so a helper that wakes late
+// for an old job can never claim a newer one with the old job's block size and LoRA.
+// Ownership: the token buffer is the parser's; End does not return while the helper reads it (so
+// the parser may free it after End); the keys are the helper's until it reports the job done.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "indexer/service/router_api.h"
+
+namespace kvo {
+
+class KeyHelper {
+ public:
+  class Lease;
+
+  KeyHelper();
+  ~KeyHelper();  // stops and joins the thread (no lease may be held)
+  KeyHelper(const KeyHelper&) = delete;
+  KeyHelper& operator=(const KeyHelper&) = delete;
+
+  // The helper for one query's parse, or nullptr while another query holds it.
+  std::unique_ptr<Lease> TryLease();
+
+  // How many jobs the helper thread did (for tests).
+  uint64_t jobs_done() const { return jobs_done_.load(std::memory_order_relaxed); }
+
+ private:
+  enum : int { kOpen = 0, kComplete = 1, kCancelled = 2 };
+  // A claim: (job generation << 2) | one of these.
+  enum : uint64_t { kUnclaimed = 0, kHelper = 1, kCaller = 2 };
+  void Run();
+
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  bool posted_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  // The job: written by the lease under mu_, read by the helper under mu_.
+  size_t block_size_ GUARDED_BY(mu_) = 0;
+  uint64_t root_ GUARDED_BY(mu_) = 0;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  // Progress, written by the parsing thread (release), read by the helper (acquire).
+  std::atomic<const int64_t*> data_{nullptr};
+  std::atomic<size_t> avail_{0};
+  std::atomic<int> end_{kOpen};
+  std::atomic<uint64_t> claim_{kUnclaimed};
+  std::atomic<uint64_t> finished_{0};  // the generation the helper is done with (keys_ readable)
+  std::vector<uint64_t> keys_;         // the helper's until finished_
+  std::atomic<bool> leased_{false};
+  std::atomic<uint64_t> jobs_done_{0};
+  std::thread thread_;
+};
+
+class KeyHelper::Lease : public TokenSink {
+ public:
+  explicit Lease(KeyHelper* helper) : helper_(helper) {}
+  ~Lease() override;  // waits for the helper to leave the job, then frees it
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  void Begin(int64_t block_size, std::string_view lora_name) override;
+  void Tokens(const int64_t* data, size_t n) override;
+  // Waits until the helper is done with the tokens, or claims the job first (then the helper
+  // skips it).
+  void End(bool ok) override;
+
+  // After End(true): the content keys of every complete block, when the helper hashed them; else
+  // empty (it had not started in time, or the list was not read).
+  std::vector<uint64_t> TakeKeys();
+
+ private:
+  KeyHelper* const helper_;
+  uint64_t generation_ = 0;  // 0: not begun
+  bool ended_ = false;
+  bool keys_ready_ = false;
+};
+
+}  // namespace kvo

@@ -1,0 +1,147 @@
+// KeyHelper: a /query's content keys hashed on a helper thread while ParseRouterQuery reads the
+// token list. Attacks: the keys equal ContentKeys for random prompts, block sizes and LoRA names;
+// lists the scanner gives up on (End(false)) and bodies whose other fields fail (no Begin) leave
+// no keys and no thread behind; many threads contending for the one helper (most get no lease,
+// some claim a job the helper woke too late for) all get right answers — TSan checks the
+// hand-over; and the service answers /query equally with and without the helper.
+#include "indexer/service/key_helper.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "indexer/indexer.h"
+#include "indexer/service/router_api.h"
+#include "tests/testing/temp_dir.h"
+
+namespace kvo {
+namespace {
+
+std::string QueryBody(const std::vector<int64_t>& tokens, int64_t block_size,
+                      const std::string& lora, bool block_size_last) {
+  std::string list = "[";
+  for (size_t i = 0; i < tokens.size(); ++i) list += (i ? "," : "") + std::to_string(tokens[i]);
+  list += "]";
+  std::string head = R"({"model": "m", )";
+  if (!lora.empty()) head += R"("lora_name": ")" + lora + R"(", )";
+  const std::string bs = R"("block_size": )" + std::to_string(block_size);
+  return block_size_last ? head + R"("token_ids": )" + list + ", " + bs + "}"
+                         : head + bs + R"(, "token_ids": )" + list + "}";
+}
+
+std::vector<int64_t> RandomTokens(std::mt19937_64& rng, size_t n) {
+  std::vector<int64_t> t(n);
+  for (auto& x : t) x = static_cast<int64_t>(rng() % 150000);
+  return t;
+}
+
+TEST(KeyHelperTest, KeysEqualContentKeysForRandomPrompts) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  KeyHelper helper;
+  int with_keys = 0;
+  for (int round = 0; round < 200; ++round) {
+    const int64_t bs = std::vector<int64_t>{1, 3, 16, 64, 128}[rng() % 5];
+    const size_t n = rng() % 3 == 0 ? rng() % 50 : rng() % 40000;
+    const std::vector<int64_t> tokens = RandomTokens(rng, n);
+    const std::string lora = rng() % 2 ? "" : "adapter-" + std::to_string(rng() % 10);
+    const std::string body = QueryBody(tokens, bs, lora, rng() % 2 == 0);
+    auto lease = helper.TryLease();
+    ASSERT_NE(lease, nullptr);  // one query at a time here: always free
+    auto q = ParseRouterQuery(body, false, 1 << 20, lease.get());
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    ASSERT_EQ(q->token_ids, tokens);
+    const std::vector<uint64_t> keys = lease->TakeKeys();
+    if (keys.empty() && n / static_cast<size_t>(bs) > 0) continue;  // the helper woke too late
+    ++with_keys;
+    ASSERT_EQ(keys, *ContentKeys(tokens, bs, lora)) << "round " << round << " bs " << bs;
+  }
+  std::printf("helper hashed %llu of 200 prompts' keys (the rest: woke too late)\n",
+              static_cast<unsigned long long>(helper.jobs_done()));
+  EXPECT_GT(helper.jobs_done(), 0u);
+  EXPECT_GT(with_keys, 0);
+}
+
+TEST(KeyHelperTest, GivenUpListsAndBadBodiesLeaveNoKeys) {
+  KeyHelper helper;
+  const std::vector<std::string> bodies = {
+      // The scanner gives up on the list (the DOM reads it): End(false).
+      R"({"model": "m", "block_size": 2, "token_ids": [1, 2, 3, 4.5]})",
+      R"({"model": "m", "block_size": 2, "token_ids": [1, 2, [3], 4]})",
+      // Read one by one (a sign, spaces): still fed.
+      R"({"model": "m", "block_size": 2, "token_ids": [1, 2, -3, 4]})",
+      // Another field is wrong: no Begin at all.
+      R"({"model": 5, "block_size": 2, "token_ids": [1, 2, 3, 4]})",
+      R"({"model": "m", "block_size": 0, "token_ids": [1, 2, 3, 4]})",
+      R"({"model": "m", "token_ids": [1, 2, 3, 4]})",
+  };
+  for (const std::string& body : bodies) {
+    auto lease = helper.TryLease();
+    ASSERT_NE(lease, nullptr);
+    auto q = ParseRouterQuery(body, false, 1000, lease.get());
+    auto ref = ParseRouterQueryReference(body, false, 1000);
+    EXPECT_EQ(q.ok(), ref.ok()) << body;
+    if (q.ok() && ref.ok()) {
+      EXPECT_EQ(q->token_ids, ref->token_ids) << body;
+    }
+    if (!q.ok()) {
+      EXPECT_TRUE(lease->TakeKeys().empty()) << body;
+    }
+  }
+  // A lease dropped right after Begin, mid-list: the helper lets go of the job.
+  for (int i = 0; i < 50; ++i) {
+    auto lease = helper.TryLease();
+    ASSERT_NE(lease, nullptr);
+    std::vector<int64_t> tokens(4096, 7);
+    lease->Begin(16, "");
+    lease->Tokens(tokens.data(), 1024);
+    lease.reset();  // End(false), waiting for the helper if it started
+  }
+  auto lease = helper.TryLease();
+  EXPECT_NE(lease, nullptr) << "a dropped lease kept the helper";
+}
+
+// Threads racing for the one helper: a query without a lease, or whose job the helper woke too
+// late for, hashes on its own; every answer equals ContentKeys. (TSan: the hand-over of tokens and
+// keys between the threads.)
+TEST(KeyHelperTest, ContendedQueriesAllGetTheirOwnKeys) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  KeyHelper helper;
+  std::atomic<int> wrong{0};
+  std::atomic<int> leased{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed + static_cast<uint32_t>(t));
+      for (int round = 0; round < 40; ++round) {
+        const int64_t bs = 1 + static_cast<int64_t>(rng() % 32);
+        const std::vector<int64_t> tokens = RandomTokens(rng, rng() % 20000);
+        const std::string lora = "l" + std::to_string(t);
+        const std::string body = QueryBody(tokens, bs, lora, false);
+        auto lease = helper.TryLease();
+        leased += lease != nullptr;
+        auto q = ParseRouterQuery(body, false, 1 << 20, lease.get());
+        if (!q.ok() || q->token_ids != tokens) {
+          ++wrong;
+          continue;
+        }
+        if (lease == nullptr) continue;
+        const std::vector<uint64_t> keys = lease->TakeKeys();
+        if (!keys.empty() && keys != *ContentKeys(tokens, bs, lora)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(leased.load(), 0);
+}
+
+}  // namespace
+}  // namespace kvo
