@@ -471,6 +471,14 @@ std::string P99Note(double value_us, double target_us) {
   return b;
 }
 
+std::string KeysNote(bool helper, double on_helper, double in_walk) {
+  char b[160];
+  if (!helper) return "content keys hashed in the walk (key helper off); ";
+  std::snprintf(b, sizeof b, "content keys hashed on the key helper for %.0f of %.0f queries; ",
+                on_helper, on_helper + in_walk);
+  return b;
+}
+
 // The router API over loopback HTTP against the in-process tiered walk of the same index, same
 // run: /query_by_hash and /query for a 128k-token prompt (8192 blocks of 16) over 100 registered
 // instances; then /register of many sources (each a stream thread and a ZeroMQ SUB socket) and
@@ -484,6 +492,8 @@ int RouterApiCase(const BenchOptions& o) {
   cfg.max_query_tokens = 1 << 20;
   ServiceOptions so;
   so.index = BenchOptionsFor();
+  // KVO_BENCH_NO_KEY_HELPER=1: /query hashes its content keys in the walk (the comparison run).
+  so.parallel_query_keys = std::getenv("KVO_BENCH_NO_KEY_HELPER") == nullptr;
   auto started = IndexerService::Start(cfg, so);
   if (!started.ok()) {
     std::fprintf(stderr, "router bench: %s\n", started.status().ToString().c_str());
@@ -598,7 +608,17 @@ int RouterApiCase(const BenchOptions& o) {
       !time_http("/query", body_tokens, &t_http)) {
     return 1;
   }
-  char notes[560];
+  // Where /query's content keys were hashed (the service's counter): on the key helper while the
+  // body was parsed, or in the walk.
+  const std::string metrics = svc.metrics().RenderPrometheus();
+  auto counter = [&](const char* by) {
+    const std::string key = std::string("kvo_indexer_query_keys_total{by=\"") + by + "\"} ";
+    const size_t at = metrics.find(key);
+    return at == std::string::npos ? 0.0 : std::strtod(metrics.c_str() + at + key.size(), nullptr);
+  };
+  const double on_helper = counter("helper");
+  const double in_walk = counter("walk");
+  char notes[640];
   for (int k = 0; k < 2; ++k) {
     const bool tokens = k == 1;
     for (double p : {50.0, 99.0}) {
@@ -614,12 +634,13 @@ int RouterApiCase(const BenchOptions& o) {
       std::snprintf(notes, sizeof notes,
                     "POST %s over loopback keep-alive HTTP, request body %zu bytes, parse + scope "
                     "+ walk + render; the handler alone (no socket) %.0f us, of which the body's "
-                    "parse %.0f us; the transport alone (same body, a 404 path) %.0f us; %lld "
+                    "parse %.0f us; the transport alone (same body, a 404 path) %.0f us; %s%lld "
                     "wrong answers; lower is better%s",
                     tokens ? "/query" : "/query_by_hash", (tokens ? body_tokens : body_hash).size(),
                     Percentile(tokens ? t_handler : h_handler, p),
                     Percentile(tokens ? t_parse : h_parse, p),
                     Percentile(tokens ? t_transport : h_transport, p),
+                    tokens ? KeysNote(so.parallel_query_keys, on_helper, in_walk).c_str() : "",
                     static_cast<long long>(wrong), p == 99 ? P99Note(r.value, 1000).c_str() : "");
       r.notes = notes;
       PrintResult(r, o);

@@ -51,6 +51,14 @@ Status IndexerService::Impl::RegisterMetrics() {
   KVO_ASSIGN_OR_RETURN(score_bad, score_family->WithLabels({"bad_request"}));
   KVO_ASSIGN_OR_RETURN(score_err, score_family->WithLabels({"error"}));
   KVO_ASSIGN_OR_RETURN(
+      auto* keys_family,
+      metrics.AddCounterFamily("kvo_indexer_query_keys",
+                               "POST /query content keys by where they were hashed: on the key "
+                               "helper while the body was parsed, or in the walk",
+                               {"by"}));
+  KVO_ASSIGN_OR_RETURN(keys_on_helper, keys_family->WithLabels({"helper"}));
+  KVO_ASSIGN_OR_RETURN(keys_in_walk, keys_family->WithLabels({"walk"}));
+  KVO_ASSIGN_OR_RETURN(
       score_latency,
       metrics.AddHistogram("kvo_indexer_score_latency_seconds",
                            "Time to score one request (parse to render)", LatencyBuckets()));

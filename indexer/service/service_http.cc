@@ -412,6 +412,7 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     sq.token_ids = std::move(q->token_ids);
     sq.block_size = q->block_size;
     if (keys != nullptr) sq.content_keys = keys->TakeKeys();
+    (sq.content_keys.empty() ? keys_in_walk : keys_on_helper)->Increment();
   }
   if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
   const bool empty =

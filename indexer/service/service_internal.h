@@ -164,6 +164,9 @@ struct IndexerService::Impl {
   bool stopped GUARDED_BY(stop_mu) = false;
 
   Counter* score_ok = nullptr;
+  // /query's content keys: hashed on the helper while the body was parsed, or by the walk.
+  Counter* keys_on_helper = nullptr;
+  Counter* keys_in_walk = nullptr;
   Counter* score_bad = nullptr;
   Counter* score_err = nullptr;
   Histogram* score_latency = nullptr;
