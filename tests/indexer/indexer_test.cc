@@ -185,6 +185,26 @@ TEST(IndexerTest, ScoresByTokensAndHashesWithTierWeights) {
   bad.token_ids = t;
   bad.block_size = 0;
   EXPECT_FALSE(idx->Score(bad).ok());
+
+  // Content keys the caller computed (the router API's key helper) are used as given: the same
+  // answer as hashing the tokens; wrong keys change it (so they are not silently recomputed);
+  // a count other than one per block is refused.
+  ScoreQuery given;
+  given.token_ids = t;
+  given.content_keys = keys;
+  auto same = idx->Score(given);
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(same->instances[0].source, "a");
+  EXPECT_EQ(same->instances[0].prefix_blocks, 4);
+  given.content_keys[1] ^= 1;
+  auto cut = idx->Score(given);
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ(cut->instances[0].prefix_blocks, 1);
+  given.content_keys.pop_back();
+  auto refused = idx->Score(given);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("3 content keys for 4 blocks"), std::string::npos)
+      << refused.status().ToString();
 }
 
 TEST(IndexerTest, DuplicatesUnknownRemovalsClears) {
