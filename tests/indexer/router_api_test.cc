@@ -19,6 +19,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include <sqlite3.h>
 
@@ -624,6 +625,56 @@ TEST(RouterQueryParseTest, LongTokenListsAgreeWithTheReference) {
   EXPECT_GT(refused, 20);
 }
 
+// `digits` random decimal digits, the first not 0.
+template <typename Rng>
+std::string RandomDigits(Rng& rng, int digits) {
+  std::string d = std::to_string(1 + rng() % 9);
+  while (static_cast<int>(d.size()) < digits) d += static_cast<char>('0' + rng() % 10);
+  return d;
+}
+
+// A body whose list under `key` holds `elems` in the compact form, with one of `defects` inserted
+// in an element or between two when `defect`, the closing ']' missing one time in 20, whitespace
+// around; and an item limit just below, at or above the count one time in 3 (else 1000).
+template <typename Rng>
+std::pair<std::string, int64_t> CompactListBody(Rng& rng, std::vector<std::string> elems,
+                                                const std::vector<std::string>& defects,
+                                                bool defect, const char* key) {
+  if (defect) {
+    std::string& e = elems[rng() % elems.size()];
+    const std::string& d = defects[rng() % defects.size()];
+    e.insert(rng() % (e.size() + 1), d);
+  }
+  std::string list = "[";
+  for (size_t i = 0; i < elems.size(); ++i) list += (i ? "," : "") + elems[i];
+  if (rng() % 20 != 0) list += "]";
+  const auto n = static_cast<int64_t>(elems.size());
+  const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
+  std::string body = std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,")" + key +
+                     R"(":)" + list + std::string(rng() % 70, ' ') + "}";
+  return {body, max_items};
+}
+
+// Every token-scan level up to `best` parses `body` as the reference parser does (the same list,
+// or the same error). *accepted: the reference accepted it.
+void ExpectEveryScanLevelAgrees(const std::string& body, bool by_hash, int64_t max_items,
+                                TokenScan best, bool* accepted) {
+  auto ref = ParseRouterQueryReference(body, by_hash, max_items);
+  *accepted = ref.ok();
+  for (int level = 0; level <= static_cast<int>(best); ++level) {
+    SetTokenScan(static_cast<TokenScan>(level));
+    auto fast = ParseRouterQuery(body, by_hash, max_items);
+    ASSERT_EQ(fast.ok(), ref.ok()) << "level " << level << " " << body.substr(0, 400) << " -> "
+                                   << fast.status().ToString() << " / " << ref.status().ToString();
+    if (fast.ok()) {
+      ASSERT_EQ(fast->token_ids, ref->token_ids) << "level " << level << " " << body.substr(0, 400);
+      ASSERT_EQ(fast->hashes, ref->hashes) << "level " << level << " " << body.substr(0, 400);
+    } else {
+      ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
+    }
+  }
+}
+
 // The scanner takes a 64-byte window of compact token ids whole when its masks say every element
 // in it is 1-7 digits with a ',' after it: long compact lists with one defect each (a sign, a
 // space, a leading zero, 8 digits, an empty element, a fraction, a letter, an early ']', a
@@ -648,38 +699,16 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
     std::vector<std::string> elems;
     for (int i = 0; i < n; ++i) {
       const int digits = 1 + static_cast<int>(rng() % 7);
-      std::string d = std::to_string(1 + rng() % 9);
-      while (static_cast<int>(d.size()) < digits) d += static_cast<char>('0' + rng() % 10);
+      std::string d = RandomDigits(rng, digits);
       elems.push_back(d);
     }
-    if (rng() % 4 != 0) {  // one defect, in an element or between two
-      std::string& e = elems[rng() % elems.size()];
-      const std::string& d = defects[rng() % defects.size()];
-      e.insert(rng() % (e.size() + 1), d);
-    }
-    std::string list = "[";
-    for (int i = 0; i < n; ++i) list += (i ? "," : "") + elems[static_cast<size_t>(i)];
-    if (rng() % 20 != 0) list += "]";
-    const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
-    std::string body = std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"token_ids":)";
-    body += list + std::string(rng() % 70, ' ') + "}";
-    auto ref = ParseRouterQueryReference(body, false, max_items);
     // The portable conversion, AVX2's and AVX-512's (where the CPU has them): each the
     // reference's answer.
-    for (int level = 0; level <= static_cast<int>(best); ++level) {
-      SetTokenScan(static_cast<TokenScan>(level));
-      auto fast = ParseRouterQuery(body, false, max_items);
-      ASSERT_EQ(fast.ok(), ref.ok())
-          << "level " << level << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
-          << " / " << ref.status().ToString();
-      if (fast.ok()) {
-        ASSERT_EQ(fast->token_ids, ref->token_ids)
-            << "level " << level << " " << body.substr(0, 400);
-      } else {
-        ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
-      }
-    }
-    ++(ref.ok() ? accepted : refused);
+    const auto [body, max_items] =
+        CompactListBody(rng, elems, defects, rng() % 4 != 0, "token_ids");
+    bool ok = false;
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, false, max_items, best, &ok));
+    ++(ok ? accepted : refused);
   }
   SetTokenScan(TokenScan::kAvx512);
   EXPECT_GT(accepted, 100);
@@ -720,37 +749,15 @@ TEST(RouterQueryParseTest, HashWindowsAgreeWithTheReferenceAroundEveryDefect) {
       // Mostly 17-20 digits (hashes), some short.
       const int digits =
           rng() % 4 == 0 ? 1 + static_cast<int>(rng() % 20) : 17 + static_cast<int>(rng() % 4);
-      std::string d = std::to_string(1 + rng() % 9);
-      while (static_cast<int>(d.size()) < digits) d += static_cast<char>('0' + rng() % 10);
+      std::string d = RandomDigits(rng, digits);
       if (digits == 20 && d > "18446744073709551615") d[0] = '1', d[1] = '0';
       elems.push_back(d);
     }
-    if (rng() % 3 != 0) {  // one defect, in an element or between two
-      std::string& e = elems[rng() % elems.size()];
-      const std::string& d = defects[rng() % defects.size()];
-      e.insert(rng() % (e.size() + 1), d);
-    }
-    std::string list = "[";
-    for (int i = 0; i < n; ++i) list += (i ? "," : "") + elems[static_cast<size_t>(i)];
-    if (rng() % 20 != 0) list += "]";
-    const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
-    std::string body =
-        std::string(rng() % 9, ' ') + R"({"model":"m","block_size":16,"seq_hashes":)";
-    body += list + std::string(rng() % 70, ' ') + "}";
-    auto ref = ParseRouterQueryReference(body, true, max_items);
-    for (int level = 0; level <= static_cast<int>(best); ++level) {
-      SetTokenScan(static_cast<TokenScan>(level));
-      auto fast = ParseRouterQuery(body, true, max_items);
-      ASSERT_EQ(fast.ok(), ref.ok())
-          << "level " << level << " " << body.substr(0, 400) << " -> " << fast.status().ToString()
-          << " / " << ref.status().ToString();
-      if (fast.ok()) {
-        ASSERT_EQ(fast->hashes, ref->hashes) << "level " << level << " " << body.substr(0, 400);
-      } else {
-        ASSERT_EQ(fast.status().message(), ref.status().message()) << body.substr(0, 400);
-      }
-    }
-    ++(ref.ok() ? accepted : refused);
+    const auto [body, max_items] =
+        CompactListBody(rng, elems, defects, rng() % 3 != 0, "seq_hashes");
+    bool ok = false;
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, true, max_items, best, &ok));
+    ++(ok ? accepted : refused);
   }
   SetTokenScan(TokenScan::kAvx512);
   EXPECT_GT(accepted, 60);
