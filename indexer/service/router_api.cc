@@ -350,7 +350,8 @@ TokenScan BestTokenScan() {
 #endif
   return TokenScan::kPortable;
 }
-TokenScan g_token_scan = BestTokenScan();
+const TokenScan g_best_token_scan = BestTokenScan();
+TokenScan g_token_scan = g_best_token_scan;
 
 // EightDigits on four forms at once (k forms, rounded up to four: `forms` has room for the
 // rounding and dst for 3 more). A form's bytes hold digit pairs a, b (lane bytes 0 and 4) and
@@ -1096,9 +1097,8 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
 }
 
 TokenScan SetTokenScan(TokenScan wanted) {
-  static const TokenScan best = BestTokenScan();
-  g_token_scan = std::min(wanted, best);
-  return best;
+  g_token_scan = std::min(wanted, g_best_token_scan);
+  return g_best_token_scan;
 }
 
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,
