@@ -309,6 +309,30 @@ class Indexer {
   };
   Result<std::vector<TieredMatch>> Tiered(const ScoreQuery& query) const;
 
+  // Tiered's walk over every source, fed content keys as they are computed: the router API's key
+  // helper walks a /query's blocks while the body is still being read. The answer equals
+  // Tiered's for the same keys. Holds the index's reader lock from StartTieredWalk until Finish
+  // (or destruction), on the thread that called StartTieredWalk, which must also call Walk and
+  // Finish: keep it short, and never wait meanwhile for anything that needs the write lock.
+  class TieredWalk {
+   public:
+    ~TieredWalk();  // releases the lock when Finish was not called
+    TieredWalk(const TieredWalk&) = delete;
+    TieredWalk& operator=(const TieredWalk&) = delete;
+    // The next blocks' content keys (ContentKey with the query's block size and LoRA). False once
+    // the walk is over: later keys change nothing and need not be computed.
+    bool Walk(std::span<const uint64_t> content_keys);
+    // The answer, for the blocks walked; releases the lock. Once only.
+    std::vector<TieredMatch> Finish();
+
+   private:
+    friend class Indexer;
+    struct State;
+    explicit TieredWalk(std::unique_ptr<State> state);
+    std::unique_ptr<State> state_;
+  };
+  std::unique_ptr<TieredWalk> StartTieredWalk() const;
+
   IndexerStats Stats() const;
   // Calls fn for every held entry (sorted by source, rank, medium, group, engine hash) until it
   // returns false.

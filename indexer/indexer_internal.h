@@ -400,6 +400,16 @@ struct Indexer::Impl {
       clear_cv.Wait();
     }
   }
+  // Tiered's instance filter (every instance of `sources`, all when empty; unknown names are
+  // skipped) and each medium's tier (0 GPU, 1 CPU, 2 STORAGE/DISK, 3 other).
+  void TieredScope(const std::vector<std::string>& sources, std::vector<uint64_t>* filter,
+                   std::vector<uint8_t>* tiers) const
+      KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
+  // Tiered's answer from the walk's boundaries: instances in the filter, not hidden, and either
+  // holding something or on a stream still followed.
+  std::vector<Indexer::TieredMatch> TieredMatches(const std::vector<std::array<int64_t, 3>>& bounds,
+                                                  const std::vector<uint64_t>& filter) const
+      KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));
   Result<ScoreResult> ScoreLocked(const ScoreQuery& q, std::vector<uint64_t>* keys_out,
                                   bool* by_engine_out) const
       KVO_THREAD_ANNOTATION_(requires_shared_capability(state_mu));

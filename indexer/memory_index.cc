@@ -193,40 +193,55 @@ void MemoryIndex::Touch(uint32_t node, uint32_t tick) {
 std::vector<std::array<int64_t, 3>> MemoryIndex::TieredScore(
     BlockKeys& keys, bool by_engine, const std::vector<uint64_t>& filter,
     const std::vector<uint8_t>& tier_of_medium) const {
+  TieredWalker walker(*this, by_engine, filter, tier_of_medium);
+  // Lazily hashed keys in doubling steps (64, 128, ...): at most about twice the keys the walk
+  // reads are hashed, as BlockKeys' own reads do.
+  for (size_t done = 0, step = 64; done < keys.size() && !walker.done(); done += step, step *= 2) {
+    step = std::min(step, keys.size() - done);
+    walker.Walk(keys.First(done + step) + done, step);
+  }
+  return walker.Finish();
+}
+
+TieredWalker::TieredWalker(const MemoryIndex& mem, bool by_engine,
+                           const std::vector<uint64_t>& filter,
+                           const std::vector<uint8_t>& tier_of_medium)
+    : mem_(mem),
+      table_(by_engine ? mem.by_engine_ : mem.by_content_),
+      words_(mem.words_),
+      out_(mem.instances_.size(), {0, 0, 0}) {
   const size_t W = words_;
-  const size_t M = media_.size();
-  const size_t N = keys.size();
-  const size_t n_inst = instances_.size();
-  std::vector<std::array<int64_t, 3>> out(n_inst, {0, 0, 0});
-  // phase[t]: instances whose walk is in tier t (0 GPU, 1 GPU|CPU, 2 any).
-  std::vector<uint64_t> phase[3] = {std::vector<uint64_t>(W, 0), std::vector<uint64_t>(W, 0),
-                                    std::vector<uint64_t>(W, 0)};
-  for (size_t w = 0; w < W && w < filter.size(); ++w) phase[0][w] = filter[w];
+  const size_t n_inst = mem.instances_.size();
+  for (auto& p : phase_) p.assign(W, 0);
+  for (size_t w = 0; w < W && w < filter.size(); ++w) phase_[0][w] = filter[w];
   for (size_t w = 0; w < W; ++w) {
     const size_t lo = w * 64;
     if (lo >= n_inst) {
-      phase[0][w] = 0;
+      phase_[0][w] = 0;
     } else if (n_inst - lo < 64) {
-      phase[0][w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+      phase_[0][w] &= (uint64_t{1} << (n_inst - lo)) - 1;
     }
   }
   for (uint32_t inst = 0; inst < n_inst; ++inst) {
-    if (instances_[inst].hidden) phase[0][inst / 64] &= ~(uint64_t{1} << (inst % 64));
+    if (mem.instances_[inst].hidden) phase_[0][inst / 64] &= ~(uint64_t{1} << (inst % 64));
   }
-  // Instances leaving tier t at block i: their boundary t (and they enter tier t + 1).
-  auto leave = [&](size_t t, size_t w, uint64_t bits, int64_t i) {
-    for (uint64_t b = bits; b; b &= b - 1) {
-      out[w * 64 + static_cast<size_t>(std::countr_zero(b))][t] = i;
-    }
-  };
-  const FlatTable<uint32_t>& table = by_engine ? by_engine_ : by_content_;
   // The media of each tier, so a block's per-tier masks are plain ORs.
-  uint32_t tier_media[3][kMaxMedia];
-  size_t tier_count[3] = {0, 0, 0};
-  for (size_t m = 0; m < M && m < tier_of_medium.size(); ++m) {
+  for (size_t m = 0; m < mem.media_.size() && m < tier_of_medium.size(); ++m) {
     const uint8_t t = tier_of_medium[m];
-    if (t <= 2) tier_media[t][tier_count[t]++] = static_cast<uint32_t>(m);
+    if (t <= 2) tier_media_[t][tier_count_[t]++] = static_cast<uint32_t>(m);
   }
+}
+
+// Instances leaving tier t at block `at`: their boundary t (and they enter tier t + 1).
+void TieredWalker::Leave(size_t tier, size_t word, uint64_t bits, int64_t at) {
+  for (uint64_t b = bits; b; b &= b - 1) {
+    out_[word * 64 + static_cast<size_t>(std::countr_zero(b))][tier] = at;
+  }
+}
+
+bool TieredWalker::Walk(const uint64_t* keys, size_t n) {
+  if (done_) return false;
+  const size_t W = words_;
   // Software pipeline (one or two DRAM misses per block otherwise: the table slot of keys[i],
   // then the node's bit row): the slot of block i + kSlotAhead is prefetched, and block
   // i + kNodeAhead's slot (in cache by then) is read and its row prefetched. Blocks resolved ahead
@@ -236,53 +251,60 @@ std::vector<std::array<int64_t, 3>> MemoryIndex::TieredScore(
   constexpr size_t kNodeAhead = 8;
   uint32_t ahead[kNodeAhead];
   auto resolve = [&](size_t j) {
-    const uint32_t* n = table.Find(keys[j]);
-    const uint32_t node = n ? *n : kNoNode;
-    if (node != kNoNode) __builtin_prefetch(Row(node, 0));
+    const uint32_t* found = table_.Find(keys[j]);
+    const uint32_t node = found ? *found : kNoNode;
+    if (node != kNoNode) __builtin_prefetch(mem_.Row(node, 0));
     ahead[j % kNodeAhead] = node;
   };
-  for (size_t j = 0; j < std::min(N, kSlotAhead); ++j) table.Prefetch(keys[j]);
-  for (size_t j = 0; j < std::min(N, kNodeAhead); ++j) resolve(j);
-  size_t i = 0;
-  for (; i < N; ++i) {
+  for (size_t j = 0; j < std::min(n, kSlotAhead); ++j) table_.Prefetch(keys[j]);
+  for (size_t j = 0; j < std::min(n, kNodeAhead); ++j) resolve(j);
+  for (size_t i = 0; i < n; ++i, ++walked_) {
     bool any = false;
-    for (size_t w = 0; w < W; ++w) any |= (phase[0][w] | phase[1][w] | phase[2][w]) != 0;
-    if (!any) break;
+    for (size_t w = 0; w < W; ++w) any |= (phase_[0][w] | phase_[1][w] | phase_[2][w]) != 0;
     const uint32_t node = ahead[i % kNodeAhead];
-    if (node == kNoNode) break;
-    if (i + kSlotAhead < N) table.Prefetch(keys[i + kSlotAhead]);
-    if (i + kNodeAhead < N) resolve(i + kNodeAhead);
-    const uint64_t* row = Row(node, 0);
+    if (!any || node == kNoNode) {
+      done_ = true;
+      return false;
+    }
+    if (i + kSlotAhead < n) table_.Prefetch(keys[i + kSlotAhead]);
+    if (i + kNodeAhead < n) resolve(i + kNodeAhead);
+    const uint64_t* row = mem_.Row(node, 0);
+    const int64_t at = static_cast<int64_t>(walked_);
     for (size_t w = 0; w < W; ++w) {
       // Held on tier <= 0, <= 1, <= 2.
       uint64_t h0 = 0;
-      for (size_t k = 0; k < tier_count[0]; ++k) h0 |= row[size_t{tier_media[0][k]} * W + w];
+      for (size_t k = 0; k < tier_count_[0]; ++k) h0 |= row[size_t{tier_media_[0][k]} * W + w];
       uint64_t h1 = h0;
-      for (size_t k = 0; k < tier_count[1]; ++k) h1 |= row[size_t{tier_media[1][k]} * W + w];
+      for (size_t k = 0; k < tier_count_[1]; ++k) h1 |= row[size_t{tier_media_[1][k]} * W + w];
       uint64_t h2 = h1;
-      for (size_t k = 0; k < tier_count[2]; ++k) h2 |= row[size_t{tier_media[2][k]} * W + w];
-      const int64_t at = static_cast<int64_t>(i);
-      const uint64_t out0 = phase[0][w] & ~h0;
-      leave(0, w, out0, at);
-      phase[0][w] &= h0;
-      phase[1][w] |= out0;
-      const uint64_t out1 = phase[1][w] & ~h1;
-      leave(1, w, out1, at);
-      phase[1][w] &= h1;
-      phase[2][w] |= out1;
-      const uint64_t out2 = phase[2][w] & ~h2;
-      leave(2, w, out2, at);
-      phase[2][w] &= h2;
+      for (size_t k = 0; k < tier_count_[2]; ++k) h2 |= row[size_t{tier_media_[2][k]} * W + w];
+      const uint64_t out0 = phase_[0][w] & ~h0;
+      Leave(0, w, out0, at);
+      phase_[0][w] &= h0;
+      phase_[1][w] |= out0;
+      const uint64_t out1 = phase_[1][w] & ~h1;
+      Leave(1, w, out1, at);
+      phase_[1][w] &= h1;
+      phase_[2][w] |= out1;
+      const uint64_t out2 = phase_[2][w] & ~h2;
+      Leave(2, w, out2, at);
+      phase_[2][w] &= h2;
     }
   }
+  return true;
+}
+
+std::vector<std::array<int64_t, 3>> TieredWalker::Finish() {
   // Still walking at the end (of the query or of known blocks): every later boundary is here.
-  const int64_t end = static_cast<int64_t>(i);
-  for (size_t w = 0; w < W; ++w) {
-    leave(0, w, phase[0][w], end);
-    leave(1, w, phase[0][w] | phase[1][w], end);
-    leave(2, w, phase[0][w] | phase[1][w] | phase[2][w], end);
+  const int64_t end = static_cast<int64_t>(walked_);
+  for (size_t w = 0; w < words_; ++w) {
+    Leave(0, w, phase_[0][w], end);
+    Leave(1, w, phase_[0][w] | phase_[1][w], end);
+    Leave(2, w, phase_[0][w] | phase_[1][w] | phase_[2][w], end);
+    phase_[0][w] = phase_[1][w] = phase_[2][w] = 0;
   }
-  return out;
+  done_ = true;
+  return std::move(out_);
 }
 
 std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,

@@ -145,6 +145,44 @@ Result<ScoreResult> Indexer::Score(const ScoreQuery& query) const {
   return impl_->ScoreLocked(query, nullptr, nullptr);
 }
 
+void Indexer::Impl::TieredScope(const std::vector<std::string>& sources,
+                                std::vector<uint64_t>* filter, std::vector<uint8_t>* tiers) const {
+  filter->assign(mem.words(), 0);
+  for (uint32_t inst = 0; inst < mem.instance_count(); ++inst) {
+    bool wanted = sources.empty();
+    for (const std::string& name : sources) {
+      auto it = source_ids.find(name);
+      wanted = wanted || (it != source_ids.end() && mem.InstanceSource(inst) == it->second);
+    }
+    if (wanted) (*filter)[inst / 64] |= uint64_t{1} << (inst % 64);
+  }
+  tiers->assign(mem.medium_count(), 3);
+  for (size_t m = 0; m < tiers->size(); ++m) {
+    const std::string name = MediumOfKey(mem.MediumName(static_cast<uint32_t>(m)));
+    if (name == "GPU") {
+      (*tiers)[m] = 0;
+    } else if (name == "CPU") {
+      (*tiers)[m] = 1;
+    } else if (name == "STORAGE" || name == "DISK") {
+      (*tiers)[m] = 2;
+    }
+  }
+}
+
+std::vector<Indexer::TieredMatch> Indexer::Impl::TieredMatches(
+    const std::vector<std::array<int64_t, 3>>& bounds, const std::vector<uint64_t>& filter) const {
+  scores.fetch_add(1, std::memory_order_relaxed);
+  std::vector<TieredMatch> out;
+  for (uint32_t inst = 0; inst < bounds.size(); ++inst) {
+    if ((filter[inst / 64] >> (inst % 64) & 1) == 0 || mem.InstanceHidden(inst)) continue;
+    const uint32_t sid = mem.InstanceSource(inst);
+    const int64_t rank = mem.InstanceRank(inst);
+    if (bounds[inst][2] == 0 && streams.find({sid, rank}) == streams.end()) continue;
+    out.push_back({source_names[sid - 1], rank, bounds[inst][0], bounds[inst][1], bounds[inst][2]});
+  }
+  return out;
+}
+
 Result<std::vector<Indexer::TieredMatch>> Indexer::Tiered(const ScoreQuery& query) const {
   const Impl& d = *impl_;
   ReaderLock l(&d.state_mu);
@@ -152,39 +190,49 @@ Result<std::vector<Indexer::TieredMatch>> Indexer::Tiered(const ScoreQuery& quer
   int64_t block_size = 0;
   KVO_ASSIGN_OR_RETURN(indexer_internal::BlockKeys keys,
                        d.QueryKeys(query, &by_engine, &block_size));
-  const size_t W = d.mem.words();
-  std::vector<uint64_t> filter(W, 0);
-  for (uint32_t inst = 0; inst < d.mem.instance_count(); ++inst) {
-    bool wanted = query.sources.empty();
-    for (const std::string& name : query.sources) {
-      auto it = d.source_ids.find(name);
-      wanted = wanted || (it != d.source_ids.end() && d.mem.InstanceSource(inst) == it->second);
-    }
-    if (wanted) filter[inst / 64] |= uint64_t{1} << (inst % 64);
-  }
-  std::vector<uint8_t> tiers(d.mem.medium_count(), 3);
-  for (size_t m = 0; m < tiers.size(); ++m) {
-    const std::string name = MediumOfKey(d.mem.MediumName(static_cast<uint32_t>(m)));
-    if (name == "GPU") {
-      tiers[m] = 0;
-    } else if (name == "CPU") {
-      tiers[m] = 1;
-    } else if (name == "STORAGE" || name == "DISK") {
-      tiers[m] = 2;
-    }
-  }
-  auto bounds = d.mem.TieredScore(keys, by_engine, filter, tiers);
-  d.scores.fetch_add(1, std::memory_order_relaxed);
-  std::vector<TieredMatch> out;
-  for (uint32_t inst = 0; inst < bounds.size(); ++inst) {
-    if ((filter[inst / 64] >> (inst % 64) & 1) == 0 || d.mem.InstanceHidden(inst)) continue;
-    const uint32_t sid = d.mem.InstanceSource(inst);
-    const int64_t rank = d.mem.InstanceRank(inst);
-    if (bounds[inst][2] == 0 && d.streams.find({sid, rank}) == d.streams.end()) continue;
-    out.push_back(
-        {d.source_names[sid - 1], rank, bounds[inst][0], bounds[inst][1], bounds[inst][2]});
-  }
+  std::vector<uint64_t> filter;
+  std::vector<uint8_t> tiers;
+  d.TieredScope(query.sources, &filter, &tiers);
+  return d.TieredMatches(d.mem.TieredScore(keys, by_engine, filter, tiers), filter);
+}
+
+// The reader lock is taken in StartTieredWalk and released in Finish (or the destructor), on one
+// thread; the analysis cannot follow a lock held by an object, so these functions opt out.
+struct Indexer::TieredWalk::State {
+  const Impl* d = nullptr;
+  std::vector<uint64_t> filter;
+  std::optional<indexer_internal::TieredWalker> walker;
+};
+
+Indexer::TieredWalk::TieredWalk(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+std::unique_ptr<Indexer::TieredWalk> Indexer::StartTieredWalk() const NO_THREAD_SAFETY_ANALYSIS {
+  auto st = std::make_unique<TieredWalk::State>();
+  st->d = impl_.get();
+  impl_->state_mu.LockShared();
+  std::vector<uint8_t> tiers;
+  impl_->TieredScope({}, &st->filter, &tiers);
+  st->walker.emplace(impl_->mem, /*by_engine=*/false, st->filter, tiers);
+  return std::unique_ptr<TieredWalk>(new TieredWalk(std::move(st)));
+}
+
+bool Indexer::TieredWalk::Walk(std::span<const uint64_t> content_keys) {
+  return state_->walker && state_->walker->Walk(content_keys.data(), content_keys.size());
+}
+
+std::vector<Indexer::TieredMatch> Indexer::TieredWalk::Finish() NO_THREAD_SAFETY_ANALYSIS {
+  if (!state_->walker) return {};
+  std::vector<TieredMatch> out = state_->d->TieredMatches(state_->walker->Finish(), state_->filter);
+  state_->walker.reset();
+  state_->d->state_mu.UnlockShared();
   return out;
+}
+
+Indexer::TieredWalk::~TieredWalk() NO_THREAD_SAFETY_ANALYSIS {
+  if (state_->walker) {
+    state_->walker.reset();
+    state_->d->state_mu.UnlockShared();
+  }
 }
 
 Result<ExplainResult> Indexer::Explain(const ScoreQuery& query) const {

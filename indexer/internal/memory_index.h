@@ -62,6 +62,12 @@ class BlockKeys {
     if (i >= computed_.size()) Extend(std::min(size_, std::max(i + 1, 2 * computed_.size() + 64)));
     return computed_[i];
   }
+  // The first n keys, contiguous (computing what is missing). REQUIRES: n <= size().
+  const uint64_t* First(size_t n) {
+    if (!from_tokens_) return given_.data();
+    if (n > computed_.size()) Extend(n);
+    return computed_.data();
+  }
   // Every key (computing the rest).
   std::vector<uint64_t> All();
 
@@ -84,6 +90,8 @@ struct HolderInfo {
   uint32_t refcount = 0;
   uint64_t since_seq = 0;
 };
+
+class TieredWalker;
 
 class MemoryIndex {
  public:
@@ -155,6 +163,7 @@ class MemoryIndex {
   // {GPU prefix, then blocks on a medium of tier <= 1, then tier <= 2} (cumulative boundaries, in
   // blocks). tier_of_medium[m]: 0 GPU, 1 CPU, 2 DISK, 3 none. Word-parallel: O(blocks x media x
   // words) plus one step per instance leaving a tier. Instances outside the filter: {0, 0, 0}.
+  // TieredWalker below, fed all of `keys` (lazily hashed keys as far as the walk reads them).
   std::vector<std::array<int64_t, 3>> TieredScore(BlockKeys& keys, bool by_engine,
                                                   const std::vector<uint64_t>& filter,
                                                   const std::vector<uint8_t>& tier_of_medium) const;
@@ -178,6 +187,7 @@ class MemoryIndex {
   void ForEachHolding(F&& f) const;  // f(node, inst, medium, group, refcount, since)
 
  private:
+  friend class TieredWalker;
   struct Node {
     uint64_t engine_hash = 0;
     uint64_t content_key = 0;
@@ -234,6 +244,35 @@ class MemoryIndex {
   uint32_t store_tick_ = 0;  // GPU, CPU, STORAGE; grows (x2) when other media appear
 };
 
+// TieredScore's walk fed block by block: the router API's key helper walks the keys of a /query
+// while the body is still being read. The index must not change between construction and
+// Finish (the caller holds the index's reader lock throughout).
+class TieredWalker {
+ public:
+  TieredWalker(const MemoryIndex& mem, bool by_engine, const std::vector<uint64_t>& filter,
+               const std::vector<uint8_t>& tier_of_medium);
+  // Walks the next n blocks. False once the walk is over (no instance still walking, or a block
+  // no instance holds): later keys change nothing and need not be computed.
+  bool Walk(const uint64_t* keys, size_t n);
+  bool done() const { return done_; }
+  // The boundaries (TieredScore's answer), as far as the blocks walked.
+  std::vector<std::array<int64_t, 3>> Finish();
+
+ private:
+  void Leave(size_t tier, size_t word, uint64_t bits, int64_t at);
+
+  const MemoryIndex& mem_;
+  const FlatTable<uint32_t>& table_;
+  size_t words_;
+  std::vector<std::array<int64_t, 3>> out_;
+  // phase[t]: instances whose walk is in tier t (0 GPU, 1 GPU|CPU, 2 any).
+  std::vector<uint64_t> phase_[3];
+  uint32_t tier_media_[3][kMaxMedia];
+  size_t tier_count_[3] = {0, 0, 0};
+  size_t walked_ = 0;  // blocks walked
+  bool done_ = false;
+};
+
 template <class Pred>
 int64_t MemoryIndex::ClearWhere(Pred pred, uint32_t medium) {
   struct Victim {
@@ -257,6 +296,7 @@ int64_t MemoryIndex::ClearSlots(Pred pred, size_t* cursor, size_t max_slots) {
   struct Victim {
     uint32_t node, inst, medium, group;
   };
+
   std::vector<Victim> victims;
   if (*cursor >= holdings_.capacity()) *cursor = 0;
   const size_t end = std::min(holdings_.capacity(), *cursor + max_slots);

@@ -34,7 +34,7 @@ void SpinUntil(F done) {
 
 }  // namespace
 
-KeyHelper::KeyHelper() : thread_([this] { Run(); }) {}
+KeyHelper::KeyHelper(const Indexer* index) : index_(index), thread_([this] { Run(); }) {}
 
 KeyHelper::~KeyHelper() {
   {
@@ -71,6 +71,12 @@ void KeyHelper::Run() {
       continue;  // the lease took the job back (or a newer one is posted)
     }
     keys_.clear();
+    keys_complete_ = false;
+    walked_.reset();
+    // The walk takes the index's reader lock here, on this thread, and gives it back below.
+    std::unique_ptr<Indexer::TieredWalk> walk =
+        index_ != nullptr ? index_->StartTieredWalk() : nullptr;
+    bool walking = walk != nullptr;
     size_t blocks = 0;
     for (;;) {
       // `end_` before `avail_`: once the list is complete, the count read after it is final.
@@ -79,20 +85,31 @@ void KeyHelper::Run() {
       const int64_t* data = data_.load(std::memory_order_acquire);
       if (end == kCancelled) break;
       if ((blocks + 1) * block_size <= n) {
-        // Hash what is there (a few blocks at a time, so a cancel is seen soon).
+        // Hash what is there (a few blocks at a time, so a cancel is seen soon), then walk them.
+        const size_t first = blocks;
         for (int i = 0; i < 64 && (blocks + 1) * block_size <= n; ++i, ++blocks) {
           parent =
               ContentKey(parent, std::span<const int64_t>(data + blocks * block_size, block_size));
           keys_.push_back(parent);
         }
+        if (walking &&
+            !walk->Walk(std::span<const uint64_t>(keys_.data() + first, blocks - first))) {
+          break;  // the walk is over: no later key changes the answer
+        }
         continue;
       }
-      if (end == kComplete) break;
+      if (end == kComplete) {
+        keys_complete_ = true;
+        break;
+      }
       SpinUntil([&] {
         return end_.load(std::memory_order_acquire) != kOpen ||
                avail_.load(std::memory_order_acquire) >= (blocks + 1) * block_size;
       });
     }
+    // A cancelled job's walk is dropped (its destructor gives the lock back).
+    if (walking && end_.load(std::memory_order_acquire) != kCancelled) walked_ = walk->Finish();
+    walk.reset();
     jobs_done_.fetch_add(1, std::memory_order_relaxed);
     finished_.store(generation, std::memory_order_release);
   }
@@ -134,9 +151,14 @@ void KeyHelper::Lease::End(bool ok) {
 }
 
 std::vector<uint64_t> KeyHelper::Lease::TakeKeys() {
-  if (!keys_ready_) return {};
-  keys_ready_ = false;
+  if (!keys_ready_ || !helper_->keys_complete_) return {};
+  helper_->keys_complete_ = false;
   return std::move(helper_->keys_);
+}
+
+std::optional<std::vector<Indexer::TieredMatch>> KeyHelper::Lease::TakeWalk() {
+  if (!keys_ready_) return std::nullopt;
+  return std::exchange(helper_->walked_, std::nullopt);
 }
 
 KeyHelper::Lease::~Lease() {

@@ -12,16 +12,23 @@
 // for an old job can never claim a newer one with the old job's block size and LoRA.
 // Ownership: the token buffer is the parser's; End does not return while the helper reads it (so
 // the parser may free it after End); the keys are the helper's until it reports the job done.
+//
+// Given the index, the helper also walks the keys as it hashes them (Indexer::TieredWalk, every
+// source: /query's walk), so by the end of the parse the answer is mostly known; a walk that ends
+// early (no instance still matching) ends the hashing too. The walk holds the index's reader lock
+// while the parse lasts.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "common/mutex.h"
+#include "indexer/indexer.h"
 #include "indexer/service/router_api.h"
 
 namespace kvo {
@@ -30,7 +37,8 @@ class KeyHelper {
  public:
   class Lease;
 
-  KeyHelper();
+  // index: walk each query's keys too (nullptr: keys only). Outlives the helper.
+  explicit KeyHelper(const Indexer* index = nullptr);
   ~KeyHelper();  // stops and joins the thread (no lease may be held)
   KeyHelper(const KeyHelper&) = delete;
   KeyHelper& operator=(const KeyHelper&) = delete;
@@ -62,6 +70,9 @@ class KeyHelper {
   std::atomic<uint64_t> claim_{kUnclaimed};
   std::atomic<uint64_t> finished_{0};  // the generation the helper is done with (keys_ readable)
   std::vector<uint64_t> keys_;         // the helper's until finished_
+  bool keys_complete_ = false;         // the helper's until finished_: every block hashed
+  std::optional<std::vector<Indexer::TieredMatch>> walked_;  // the helper's until finished_
+  const Indexer* const index_;
   std::atomic<bool> leased_{false};
   std::atomic<uint64_t> jobs_done_{0};
   std::thread thread_;
@@ -83,6 +94,9 @@ class KeyHelper::Lease : public TokenSink {
   // After End(true): the content keys of every complete block, when the helper hashed them; else
   // empty (it had not started in time, or the list was not read).
   std::vector<uint64_t> TakeKeys();
+  // After End(true), with an index: the tiered walk of those keys over every source (as
+  // Indexer::Tiered would answer), when the helper walked them; else nullopt.
+  std::optional<std::vector<Indexer::TieredMatch>> TakeWalk();
 
  private:
   KeyHelper* const helper_;

@@ -554,13 +554,13 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
   impl->config = config;
   impl->options = options;
   impl->clock = options.clock != nullptr ? options.clock : SystemClock();
-  if (options.parallel_query_keys && std::thread::hardware_concurrency() > 1) {
-    impl->key_helper = std::make_unique<KeyHelper>();
-  }
   IndexerOptions io = options.index;
   io.clock = impl->clock;
   io.default_block_size = config.default_block_size;
   KVO_ASSIGN_OR_RETURN(impl->index, Indexer::Open(config.db, io));
+  if (options.parallel_query_keys && std::thread::hardware_concurrency() > 1) {
+    impl->key_helper = std::make_unique<KeyHelper>(impl->index.get());
+  }
   KVO_RETURN_IF_ERROR(impl->RegisterMetrics());
   CounterFamily* checked = nullptr;
   CounterFamily* mismatched = nullptr;

@@ -406,19 +406,26 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     m.dp[t.dp_rank];  // listed even when nothing matches
   }
   ScoreQuery sq;
+  // /query: the helper's walk of the keys it hashed (over every source, as Tiered below).
+  std::optional<std::vector<Indexer::TieredMatch>> helper_walk;
   if (by_hash) {
     sq.block_hashes = std::move(q->hashes);
   } else {
     sq.token_ids = std::move(q->token_ids);
     sq.block_size = q->block_size;
-    if (keys != nullptr) sq.content_keys = keys->TakeKeys();
-    (sq.content_keys.empty() ? keys_in_walk : keys_on_helper)->Increment();
+    if (keys != nullptr) {
+      helper_walk = keys->TakeWalk();
+      if (!helper_walk) sq.content_keys = keys->TakeKeys();
+    }
+    (helper_walk || !sq.content_keys.empty() ? keys_on_helper : keys_in_walk)->Increment();
   }
   if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
   const bool empty =
       sq.block_hashes.empty() && static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
   if (!targets.empty() && !empty) {
-    auto result = index->Tiered(sq);
+    Result<std::vector<Indexer::TieredMatch>> result =
+        helper_walk ? Result<std::vector<Indexer::TieredMatch>>(std::move(*helper_walk))
+                    : index->Tiered(sq);
     if (!result.ok()) {
       bool bad = result.status().code() == StatusCode::kInvalidArgument;
       (bad ? score_bad : score_err)->Increment();

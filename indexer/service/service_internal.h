@@ -146,9 +146,11 @@ struct StreamState {
 struct IndexerService::Impl {
   IndexerConfig config;
   ServiceOptions options;
-  std::unique_ptr<KeyHelper> key_helper;  // null: /query hashes its keys on its own thread
   Clock* clock = nullptr;
   std::unique_ptr<Indexer> index;
+  // Walks /query keys in `index` (declared after it: destroyed first). Null: /query hashes and
+  // walks its keys on its own thread.
+  std::unique_ptr<KeyHelper> key_helper;
   MetricsRegistry metrics;
   // Serialises /register and /unregister (held across their SQLite writes and thread joins).
   // Order: reg_op_mu -> registry_mu -> a stream's mu.

@@ -3,7 +3,10 @@
 // lists the scanner gives up on (End(false)) and bodies whose other fields fail (no Begin) leave
 // no keys and no thread behind; many threads contending for the one helper (most get no lease,
 // some claim a job the helper woke too late for) all get right answers — TSan checks the
-// hand-over; and the service answers /query equally with and without the helper.
+// hand-over; and the service answers /query equally with and without the helper. With an index,
+// the helper's walk of the keys equals Indexer::Tiered for random prompts (prefixes held on every
+// tier, walks that end early), also while a writer changes the index (TSan: the reader lock the
+// walk holds on the helper thread).
 #include "indexer/service/key_helper.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "indexer/indexer.h"
@@ -141,6 +145,142 @@ TEST(KeyHelperTest, ContendedQueriesAllGetTheirOwnKeys) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_GT(leased.load(), 0);
+}
+
+// An index where `sources` engines each hold a random-depth prefix of `prompt` (GPU, the older
+// part also or only on CPU, some on STORAGE; engine-0 the whole prompt), block size 16, stored
+// with their token ids.
+std::unique_ptr<Indexer> HeldPrefixes(const std::string& path, const std::vector<int64_t>& prompt,
+                                      int sources, std::mt19937_64& rng) {
+  IndexerOptions o;
+  o.background_thread = false;
+  auto idx = Indexer::Open(path, o);
+  EXPECT_TRUE(idx.ok()) << idx.status().ToString();
+  if (!idx.ok()) return nullptr;
+  const size_t blocks = prompt.size() / 16;
+  for (int src = 0; src < sources; ++src) {
+    const size_t depth = src == 0 ? blocks : rng() % (blocks + 1);
+    uint64_t seq = 0;
+    for (size_t first = 0; first < depth; first += 32) {
+      const size_t n = std::min<size_t>(32, depth - first);
+      BlockStored st;
+      for (size_t i = first; i < first + n; ++i) {
+        st.block_hashes.push_back(BlockHash::Uint(1000 * (i + 1) + static_cast<uint64_t>(src)));
+      }
+      if (first > 0) {
+        st.parent_block_hash = BlockHash::Uint(1000 * first + static_cast<uint64_t>(src));
+      }
+      st.token_ids.assign(prompt.begin() + static_cast<long>(first * 16),
+                          prompt.begin() + static_cast<long>((first + n) * 16));
+      st.block_size = 16;
+      st.medium = first >= depth * 3 / 4 ? "CPU" : "GPU";
+      EventBatch b;
+      b.events.push_back(st);
+      if (first < depth / 2 && st.medium == "GPU") {
+        BlockStored copy;
+        copy.block_hashes = st.block_hashes;
+        copy.medium = src % 3 == 0 ? "STORAGE" : "CPU";
+        b.events.push_back(copy);
+      }
+      EXPECT_TRUE((*idx)->ApplyBatch("engine-" + std::to_string(src), 0, ++seq, b).ok());
+    }
+  }
+  return std::move(*idx);
+}
+
+TEST(KeyHelperTest, WalksEqualTieredForRandomPrompts) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  ScopedTempDir dir("key-helper-walk");
+  const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 2000);
+  std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 12, rng);
+  ASSERT_NE(idx, nullptr);
+  KeyHelper helper(idx.get());
+  int walked = 0;
+  int ended_early = 0;
+  for (int round = 0; round < 150; ++round) {
+    // A prefix of the held prompt (every block held by engine-0), then tokens of its own in two
+    // rounds of three (the walk ends at the first of them), or none held at all.
+    std::vector<int64_t> tokens(prompt.begin(),
+                                prompt.begin() + static_cast<long>(rng() % prompt.size()));
+    if (round % 5 == 0) tokens.clear();
+    if (round % 3 != 0) {
+      for (const int64_t t : RandomTokens(rng, rng() % 3000)) tokens.push_back(t);
+    }
+    auto lease = helper.TryLease();
+    ASSERT_NE(lease, nullptr);
+    auto q =
+        ParseRouterQuery(QueryBody(tokens, 16, "", rng() % 2 == 0), false, 1 << 20, lease.get());
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    auto walk = lease->TakeWalk();
+    // The helper woke too late (the handler walks), or no block (the handler does not walk).
+    if (!walk || tokens.size() < 16) continue;
+    ++walked;
+    const std::vector<uint64_t> keys = lease->TakeKeys();
+    ended_early += keys.empty() && tokens.size() >= 16;
+    ScoreQuery sq;
+    sq.token_ids = tokens;
+    sq.block_size = 16;
+    auto want = idx->Tiered(sq);
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ(walk->size(), want->size()) << "round " << round;
+    for (size_t i = 0; i < want->size(); ++i) {
+      const Indexer::TieredMatch& a = (*walk)[i];
+      const Indexer::TieredMatch& b = (*want)[i];
+      EXPECT_EQ(std::tie(a.source, a.dp_rank, a.gpu, a.cpu, a.disk),
+                std::tie(b.source, b.dp_rank, b.gpu, b.cpu, b.disk))
+          << "round " << round << " instance " << b.source;
+    }
+    if (!keys.empty()) {
+      EXPECT_EQ(keys, *ContentKeys(tokens, 16));
+    }
+  }
+  std::printf("helper walked %d of 150 queries (%d ended before the last block)\n", walked,
+              ended_early);
+  EXPECT_GT(walked, 0);
+  EXPECT_GT(walked, ended_early) << "no walk went to the last block";
+}
+
+// A writer applying batches while the helper walks: no deadlock (the walk's reader lock is the
+// helper thread's, given back when the parse ends) and every answer names held sources only.
+TEST(KeyHelperTest, WalksBesideAWriter) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  ScopedTempDir dir("key-helper-writer");
+  const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 300);
+  std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 4, rng);
+  ASSERT_NE(idx, nullptr);
+  KeyHelper helper(idx.get());
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (uint64_t seq = 1; !stop.load(); ++seq) {
+      BlockStored st;
+      st.block_hashes.push_back(BlockHash::Uint(seq));
+      st.token_ids.assign(prompt.begin(), prompt.begin() + 16);
+      st.block_size = 16;
+      st.medium = "GPU";
+      EventBatch b;
+      b.events.push_back(st);
+      ASSERT_TRUE(idx->ApplyBatch("writer", 0, seq, b).ok());
+    }
+  });
+  for (int round = 0; round < 60; ++round) {
+    auto lease = helper.TryLease();
+    ASSERT_NE(lease, nullptr);
+    auto q = ParseRouterQuery(QueryBody(prompt, 16, "", false), false, 1 << 20, lease.get());
+    ASSERT_TRUE(q.ok());
+    auto walk = lease->TakeWalk();
+    if (!walk) continue;
+    for (const Indexer::TieredMatch& m : *walk) {
+      EXPECT_TRUE(m.source.rfind("engine-", 0) == 0 || m.source == "writer") << m.source;
+      EXPECT_LE(m.gpu, m.cpu);
+      EXPECT_LE(m.cpu, m.disk);
+    }
+  }
+  stop = true;
+  writer.join();
 }
 
 }  // namespace
