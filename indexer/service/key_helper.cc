@@ -76,8 +76,9 @@ void KeyHelper::Run() {
     // The walk takes the index's reader lock here, on this thread, and gives it back below.
     std::unique_ptr<Indexer::TieredWalk> walk =
         index_ != nullptr ? index_->StartTieredWalk() : nullptr;
-    bool walking = walk != nullptr;
-    size_t blocks = 0;
+    const bool walking = walk != nullptr;
+    size_t blocks = 0;  // hashed
+    size_t walked = 0;  // of those, walked
     for (;;) {
       // `end_` before `avail_`: once the list is complete, the count read after it is final.
       const int end = end_.load(std::memory_order_acquire);
@@ -85,17 +86,22 @@ void KeyHelper::Run() {
       const int64_t* data = data_.load(std::memory_order_acquire);
       if (end == kCancelled) break;
       if ((blocks + 1) * block_size <= n) {
-        // Hash what is there (a few blocks at a time, so a cancel is seen soon), then walk them.
-        const size_t first = blocks;
+        // Hash what is there first (a few blocks at a time, so a cancel is seen soon): the chain
+        // is the longer of the two jobs and only this thread can do it.
         for (int i = 0; i < 64 && (blocks + 1) * block_size <= n; ++i, ++blocks) {
           parent =
               ContentKey(parent, std::span<const int64_t>(data + blocks * block_size, block_size));
           keys_.push_back(parent);
         }
-        if (walking &&
-            !walk->Walk(std::span<const uint64_t>(keys_.data() + first, blocks - first))) {
+        continue;
+      }
+      if (walking && walked < blocks) {
+        // Waiting for tokens (or at the end): walk the keys hashed so far.
+        const size_t step = std::min<size_t>(64, blocks - walked);
+        if (!walk->Walk(std::span<const uint64_t>(keys_.data() + walked, step))) {
           break;  // the walk is over: no later key changes the answer
         }
+        walked += step;
         continue;
       }
       if (end == kComplete) {

@@ -13,10 +13,12 @@
 // Ownership: the token buffer is the parser's; End does not return while the helper reads it (so
 // the parser may free it after End); the keys are the helper's until it reports the job done.
 //
-// Given the index, the helper also walks the keys as it hashes them (Indexer::TieredWalk, every
-// source: /query's walk), so by the end of the parse the answer is mostly known; a walk that ends
-// early (no instance still matching) ends the hashing too. The walk holds the index's reader lock
-// while the parse lasts.
+// Given the index, the helper also walks the keys it hashed (Indexer::TieredWalk, every source:
+// /query's walk) whenever it waits for the parser, and the rest once the list is complete, so
+// the handler only renders; a walk that ends early (no instance still matching) ends the hashing
+// too. Hashing comes first: on a core as fast as the parser's the chain alone keeps up, and the
+// walk waits for the end (as it would on the handler's thread). The walk holds the index's reader
+// lock while the parse lasts.
 #pragma once
 
 #include <atomic>
