@@ -267,7 +267,7 @@ class TieredWalker {
   std::vector<std::array<int64_t, 3>> out_;
   // phase[t]: instances whose walk is in tier t (0 GPU, 1 GPU|CPU, 2 any).
   std::vector<uint64_t> phase_[3];
-  uint32_t tier_media_[3][kMaxMedia];
+  uint32_t tier_media_[3][kMaxMedia] = {};
   size_t tier_count_[3] = {0, 0, 0};
   size_t walked_ = 0;  // blocks walked
   bool done_ = false;
