@@ -34,7 +34,13 @@ void SpinUntil(F done) {
 
 }  // namespace
 
-KeyHelper::KeyHelper(const Indexer* index) : index_(index), thread_([this] { Run(); }) {}
+KeyHelper::KeyHelper(const Indexer* index, Clock* clock, bool walk_thread)
+    : index_(index),
+      clock_(clock),
+      walk_thread_(index != nullptr && walk_thread),
+      thread_([this] { Run(); }) {
+  if (walk_thread_) walker_ = std::thread([this] { WalkRun(); });
+}
 
 KeyHelper::~KeyHelper() {
   {
@@ -42,7 +48,9 @@ KeyHelper::~KeyHelper() {
     stop_ = true;
   }
   cv_.SignalAll();
+  walk_cv_.SignalAll();
   thread_.join();
+  if (walker_.joinable()) walker_.join();
 }
 
 std::unique_ptr<KeyHelper::Lease> KeyHelper::TryLease() {
@@ -52,50 +60,78 @@ std::unique_ptr<KeyHelper::Lease> KeyHelper::TryLease() {
 }
 
 void KeyHelper::Run() {
+  const bool walk_thread = walk_thread_;
   for (;;) {
     size_t block_size;
+    size_t max_blocks;
     uint64_t parent;
     uint64_t generation;
+    int64_t posted_ns;
     {
       MutexLock lock(&mu_);
       while (!posted_ && !stop_) cv_.Wait();
       if (stop_) return;
       posted_ = false;
       block_size = block_size_;
+      max_blocks = max_tokens_ / block_size_;
       parent = root_;
       generation = generation_;
+      posted_ns = posted_ns_;
     }
     uint64_t unclaimed = generation << 2 | kUnclaimed;
     if (!claim_.compare_exchange_strong(unclaimed, generation << 2 | kHelper,
                                         std::memory_order_acq_rel)) {
       continue;  // the lease took the job back (or a newer one is posted)
     }
+    start_delay_ns_ = clock_->MonotonicNanos() - posted_ns;
     keys_.clear();
     keys_complete_ = false;
     walked_.reset();
-    // The walk takes the index's reader lock here, on this thread, and gives it back below.
-    std::unique_ptr<Indexer::TieredWalk> walk =
-        index_ != nullptr ? index_->StartTieredWalk() : nullptr;
-    const bool walking = walk != nullptr;
+    // The walk: on the walk thread, which reads keys_ up to hashed_ (so keys_ never moves: room
+    // for every block the list can hold, reserved here), or on this thread, where it takes the
+    // index's reader lock and gives it back below.
+    std::unique_ptr<Indexer::TieredWalk> walk;
+    if (walk_thread) {
+      keys_.reserve(max_blocks);
+      hashed_.store(0, std::memory_order_relaxed);
+      hash_state_.store(kHashing, std::memory_order_relaxed);
+      walk_over_.store(false, std::memory_order_relaxed);
+      {
+        MutexLock lock(&mu_);  // publishes the above and the keys' place to the walk thread
+        walk_posted_ = generation;
+        walk_keys_ = keys_.data();
+      }
+      walk_cv_.Signal();
+    } else if (index_ != nullptr) {
+      walk = index_->StartTieredWalk();
+    }
     size_t blocks = 0;  // hashed
-    size_t walked = 0;  // of those, walked
+    size_t walked = 0;  // of those, walked on this thread
+    bool abandon = false;
     for (;;) {
       // `end_` before `avail_`: once the list is complete, the count read after it is final.
       const int end = end_.load(std::memory_order_acquire);
       const size_t n = avail_.load(std::memory_order_acquire);
       const int64_t* data = data_.load(std::memory_order_acquire);
       if (end == kCancelled) break;
+      if (walk_thread && walk_over_.load(std::memory_order_acquire)) break;
       if ((blocks + 1) * block_size <= n) {
+        const size_t batch = std::min<size_t>(64, n / block_size - blocks);
+        if (walk_thread && blocks + batch > max_blocks) {
+          abandon = true;  // more tokens than Begin said: keys_ would move under the walk
+          break;
+        }
         // Hash what is there first (a few blocks at a time, so a cancel is seen soon): the chain
-        // is the longer of the two jobs and only this thread can do it.
-        for (int i = 0; i < 64 && (blocks + 1) * block_size <= n; ++i, ++blocks) {
+        // is the longest job and only this thread can do it.
+        for (size_t i = 0; i < batch; ++i, ++blocks) {
           parent =
               ContentKey(parent, std::span<const int64_t>(data + blocks * block_size, block_size));
           keys_.push_back(parent);
         }
+        if (walk_thread) hashed_.store(blocks, std::memory_order_release);
         continue;
       }
-      if (walking && walked < blocks) {
+      if (walk != nullptr && walked < blocks) {
         // Waiting for tokens (or at the end): walk the keys hashed so far.
         const size_t step = std::min<size_t>(64, blocks - walked);
         if (!walk->Walk(std::span<const uint64_t>(keys_.data() + walked, step))) {
@@ -110,18 +146,71 @@ void KeyHelper::Run() {
       }
       SpinUntil([&] {
         return end_.load(std::memory_order_acquire) != kOpen ||
-               avail_.load(std::memory_order_acquire) >= (blocks + 1) * block_size;
+               avail_.load(std::memory_order_acquire) >= (blocks + 1) * block_size ||
+               (walk_thread && walk_over_.load(std::memory_order_acquire));
       });
     }
     // A cancelled job's walk is dropped (its destructor gives the lock back).
-    if (walking && end_.load(std::memory_order_acquire) != kCancelled) walked_ = walk->Finish();
-    walk.reset();
+    abandon = abandon || end_.load(std::memory_order_acquire) == kCancelled;
+    if (walk_thread) {
+      hash_state_.store(abandon ? kAbandoned : kHashed, std::memory_order_release);
+      SpinUntil([&] { return walk_done_.load(std::memory_order_acquire) == generation; });
+      if (abandon) keys_complete_ = false;
+    } else if (walk != nullptr) {
+      if (!abandon) walked_ = walk->Finish();
+      walk.reset();
+    }
     jobs_done_.fetch_add(1, std::memory_order_relaxed);
     finished_.store(generation, std::memory_order_release);
   }
 }
 
-void KeyHelper::Lease::Begin(int64_t block_size, std::string_view lora_name) {
+void KeyHelper::WalkRun() {
+  uint64_t started = 0;
+  for (;;) {
+    uint64_t generation;
+    const uint64_t* keys;
+    {
+      MutexLock lock(&mu_);
+      while (walk_posted_ == started && !stop_) walk_cv_.Wait();
+      if (stop_) return;
+      generation = started = walk_posted_;
+      keys = walk_keys_;
+    }
+    // The index's reader lock, taken and given back on this thread.
+    std::unique_ptr<Indexer::TieredWalk> walk = index_->StartTieredWalk();
+    size_t walked = 0;
+    bool abandoned = false;
+    for (;;) {
+      // The state before the count: once hashing is over, the count read after it is final.
+      const int state = hash_state_.load(std::memory_order_acquire);
+      const size_t n = hashed_.load(std::memory_order_acquire);
+      if (state == kAbandoned) {
+        abandoned = true;
+        break;
+      }
+      if (walked < n) {
+        const size_t step = std::min<size_t>(64, n - walked);
+        if (!walk->Walk(std::span<const uint64_t>(keys + walked, step))) {
+          walk_over_.store(true, std::memory_order_release);  // the hashing may stop
+          break;
+        }
+        walked += step;
+        continue;
+      }
+      if (state == kHashed) break;
+      SpinUntil([&] {
+        return hash_state_.load(std::memory_order_acquire) != kHashing ||
+               hashed_.load(std::memory_order_acquire) > walked;
+      });
+    }
+    if (!abandoned) walked_ = walk->Finish();
+    walk.reset();
+    walk_done_.store(generation, std::memory_order_release);
+  }
+}
+
+void KeyHelper::Lease::Begin(int64_t block_size, std::string_view lora_name, size_t max_tokens) {
   KeyHelper& h = *helper_;
   h.data_.store(nullptr, std::memory_order_relaxed);
   h.avail_.store(0, std::memory_order_relaxed);
@@ -129,8 +218,10 @@ void KeyHelper::Lease::Begin(int64_t block_size, std::string_view lora_name) {
   {
     MutexLock lock(&h.mu_);  // publishes the above and the job to the helper
     h.block_size_ = static_cast<size_t>(block_size);
+    h.max_tokens_ = max_tokens;
     h.root_ = ContentKeyRoot(lora_name);
     generation_ = ++h.generation_;
+    h.posted_ns_ = h.clock_->MonotonicNanos();
     h.claim_.store(generation_ << 2 | kUnclaimed, std::memory_order_release);
     h.posted_ = true;
   }
@@ -152,7 +243,10 @@ void KeyHelper::Lease::End(bool ok) {
                                        std::memory_order_acq_rel)) {
     return;  // the helper had not started: it skips the job and never reads the tokens
   }
+  const int64_t wait_from = h.clock_->MonotonicNanos();
   SpinUntil([&] { return h.finished_.load(std::memory_order_acquire) == generation_; });
+  end_wait_ns_ = h.clock_->MonotonicNanos() - wait_from;
+  start_delay_ns_ = h.start_delay_ns_;
   keys_ready_ = ok;
 }
 

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "indexer/indexer.h"
 #include "indexer/service/router_api.h"
@@ -39,9 +40,12 @@ class KeyHelper {
  public:
   class Lease;
 
-  // index: walk each query's keys too (nullptr: keys only). Outlives the helper.
-  explicit KeyHelper(const Indexer* index = nullptr);
-  ~KeyHelper();  // stops and joins the thread (no lease may be held)
+  // index: walk each query's keys too (nullptr: keys only). clock: the times a lease reports
+  // (start_delay_ns, end_wait_ns). Both outlive the helper. walk_thread (with an index): the walk
+  // on a third thread of its own, following the hashing (for machines with cores to spare).
+  explicit KeyHelper(const Indexer* index = nullptr, Clock* clock = SystemClock(),
+                     bool walk_thread = false);
+  ~KeyHelper();  // stops and joins the threads (no lease may be held)
   KeyHelper(const KeyHelper&) = delete;
   KeyHelper& operator=(const KeyHelper&) = delete;
 
@@ -53,9 +57,12 @@ class KeyHelper {
 
  private:
   enum : int { kOpen = 0, kComplete = 1, kCancelled = 2 };
+  // The hashing, as the walk thread sees it.
+  enum : int { kHashing = 0, kHashed = 1, kAbandoned = 2 };
   // A claim: (job generation << 2) | one of these.
   enum : uint64_t { kUnclaimed = 0, kHelper = 1, kCaller = 2 };
   void Run();
+  void WalkRun();
 
   Mutex mu_;
   CondVar cv_{&mu_};
@@ -63,8 +70,11 @@ class KeyHelper {
   bool stop_ GUARDED_BY(mu_) = false;
   // The job: written by the lease under mu_, read by the helper under mu_.
   size_t block_size_ GUARDED_BY(mu_) = 0;
+  size_t max_tokens_ GUARDED_BY(mu_) = 0;
   uint64_t root_ GUARDED_BY(mu_) = 0;
   uint64_t generation_ GUARDED_BY(mu_) = 0;
+  int64_t posted_ns_ GUARDED_BY(mu_) = 0;  // when the job was posted (Begin)
+  int64_t start_delay_ns_ = 0;             // the helper's until finished_: posted to claimed
   // Progress, written by the parsing thread (release), read by the helper (acquire).
   std::atomic<const int64_t*> data_{nullptr};
   std::atomic<size_t> avail_{0};
@@ -75,9 +85,23 @@ class KeyHelper {
   bool keys_complete_ = false;         // the helper's until finished_: every block hashed
   std::optional<std::vector<Indexer::TieredMatch>> walked_;  // the helper's until finished_
   const Indexer* const index_;
+  Clock* const clock_;
+  const bool walk_thread_;  // the walk on walker_ (declared before the threads that read it)
+  // The walk thread's job (posted by the helper under mu_ after its claim): the generation, and
+  // keys_'s storage (reserved for the most blocks the list can hold, so it never moves).
+  CondVar walk_cv_{&mu_};
+  uint64_t walk_posted_ GUARDED_BY(mu_) = 0;
+  const uint64_t* walk_keys_ GUARDED_BY(mu_) = nullptr;
+  // Helper -> walk thread: keys hashed so far (release after writing them), then the end.
+  std::atomic<size_t> hashed_{0};
+  std::atomic<int> hash_state_{kHashing};
+  // Walk thread -> helper: the walk is over (hash no more), and done with a generation.
+  std::atomic<bool> walk_over_{false};
+  std::atomic<uint64_t> walk_done_{0};
   std::atomic<bool> leased_{false};
   std::atomic<uint64_t> jobs_done_{0};
   std::thread thread_;
+  std::thread walker_;  // the walk thread, when asked for (joinable: it runs)
 };
 
 class KeyHelper::Lease : public TokenSink {
@@ -87,7 +111,7 @@ class KeyHelper::Lease : public TokenSink {
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
-  void Begin(int64_t block_size, std::string_view lora_name) override;
+  void Begin(int64_t block_size, std::string_view lora_name, size_t max_tokens) override;
   void Tokens(const int64_t* data, size_t n) override;
   // Waits until the helper is done with the tokens, or claims the job first (then the helper
   // skips it).
@@ -99,12 +123,18 @@ class KeyHelper::Lease : public TokenSink {
   // After End(true), with an index: the tiered walk of those keys over every source (as
   // Indexer::Tiered would answer), when the helper walked them; else nullopt.
   std::optional<std::vector<Indexer::TieredMatch>> TakeWalk();
+  // After End, when the helper did the job: how long it took to claim it after Begin (its wake-up),
+  // and how long End waited for it after the list was complete (the chain's tail); else -1.
+  int64_t start_delay_ns() const { return start_delay_ns_; }
+  int64_t end_wait_ns() const { return end_wait_ns_; }
 
  private:
   KeyHelper* const helper_;
   uint64_t generation_ = 0;  // 0: not begun
   bool ended_ = false;
   bool keys_ready_ = false;
+  int64_t start_delay_ns_ = -1;
+  int64_t end_wait_ns_ = -1;
 };
 
 }  // namespace kvo

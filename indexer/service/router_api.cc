@@ -1085,7 +1085,12 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
   }
   std::vector<int64_t> tokens;
   const bool feed = sink != nullptr && head.ok() && head->block_size > 0;
-  if (feed) sink->Begin(head->block_size, head->lora_name);
+  if (feed) {
+    // One element per two bytes at most ("1,"), and never more than max_items.
+    const size_t fits = static_cast<size_t>(big->close - big->open) / 2 + 1;
+    sink->Begin(head->block_size, head->lora_name,
+                std::min(fits, static_cast<size_t>(std::max<int64_t>(max_items, 0))));
+  }
   const bool read = ReadBigList<true>(body, *big, max_items, &tokens, feed ? sink : nullptr);
   if (feed) {
     if (read) sink->Tokens(tokens.data(), tokens.size());

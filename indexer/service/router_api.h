@@ -102,7 +102,8 @@ struct RouterQuery {
 };
 // Receives a /query body's token ids while the list scanner reads them, so that work on them (the
 // content keys, KeyHelper) overlaps the rest of the parse. Calls, all from the parsing thread:
-// Begin once the rest of the body has parsed (its block size, positive, and LoRA name), then
+// Begin once the rest of the body has parsed (its block size, positive, its LoRA name, and how
+// many tokens the list can hold at most: its bytes and max_items bound it), then
 // Tokens as the list grows (tokens [0, n) of `data` are final; `data` stays where it is until
 // End), then End(ok): ok when those tokens are the body's token_ids (the parse may still fail on
 // another field); not ok when the scanner gave up on the list (the DOM reads the body instead).
@@ -110,7 +111,7 @@ struct RouterQuery {
 class TokenSink {
  public:
   virtual ~TokenSink() = default;
-  virtual void Begin(int64_t block_size, std::string_view lora_name) = 0;
+  virtual void Begin(int64_t block_size, std::string_view lora_name, size_t max_tokens) = 0;
   virtual void Tokens(const int64_t* data, size_t n) = 0;
   virtual void End(bool ok) = 0;
 };

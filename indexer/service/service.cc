@@ -59,6 +59,18 @@ Status IndexerService::Impl::RegisterMetrics() {
   KVO_ASSIGN_OR_RETURN(keys_on_helper, keys_family->WithLabels({"helper"}));
   KVO_ASSIGN_OR_RETURN(keys_in_walk, keys_family->WithLabels({"walk"}));
   KVO_ASSIGN_OR_RETURN(
+      helper_start,
+      metrics.AddHistogram("kvo_indexer_query_helper_start_seconds",
+                           "POST /query: from the key helper's job posted to the helper starting "
+                           "it (its wake-up)",
+                           LatencyBuckets()));
+  KVO_ASSIGN_OR_RETURN(
+      helper_wait,
+      metrics.AddHistogram("kvo_indexer_query_helper_wait_seconds",
+                           "POST /query: how long the handler waited for the key helper after "
+                           "the token list was read (the keys' and the walk's tail)",
+                           LatencyBuckets()));
+  KVO_ASSIGN_OR_RETURN(
       score_latency,
       metrics.AddHistogram("kvo_indexer_score_latency_seconds",
                            "Time to score one request (parse to render)", LatencyBuckets()));
@@ -559,7 +571,10 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
   io.default_block_size = config.default_block_size;
   KVO_ASSIGN_OR_RETURN(impl->index, Indexer::Open(config.db, io));
   if (options.parallel_query_keys && std::thread::hardware_concurrency() > 1) {
-    impl->key_helper = std::make_unique<KeyHelper>(impl->index.get());
+    // Four CPUs or more: the walk on a thread of its own beside the hashing (with fewer, the
+    // helper walks while it waits for the parser).
+    impl->key_helper = std::make_unique<KeyHelper>(impl->index.get(), impl->clock,
+                                                   std::thread::hardware_concurrency() >= 4);
   }
   KVO_RETURN_IF_ERROR(impl->RegisterMetrics());
   CounterFamily* checked = nullptr;

@@ -414,6 +414,10 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     sq.token_ids = std::move(q->token_ids);
     sq.block_size = q->block_size;
     if (keys != nullptr) {
+      if (keys->start_delay_ns() >= 0) {
+        helper_start->Observe(static_cast<double>(keys->start_delay_ns()) / 1e9);
+        helper_wait->Observe(static_cast<double>(keys->end_wait_ns()) / 1e9);
+      }
       helper_walk = keys->TakeWalk();
       if (!helper_walk) sq.content_keys = keys->TakeKeys();
     }

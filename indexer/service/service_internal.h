@@ -169,6 +169,8 @@ struct IndexerService::Impl {
   // /query's content keys: hashed on the helper while the body was parsed, or by the walk.
   Counter* keys_on_helper = nullptr;
   Counter* keys_in_walk = nullptr;
+  Histogram* helper_start = nullptr;
+  Histogram* helper_wait = nullptr;
   Counter* score_bad = nullptr;
   Counter* score_err = nullptr;
   Histogram* score_latency = nullptr;

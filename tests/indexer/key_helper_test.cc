@@ -103,7 +103,7 @@ TEST(KeyHelperTest, GivenUpListsAndBadBodiesLeaveNoKeys) {
     auto lease = helper.TryLease();
     ASSERT_NE(lease, nullptr);
     std::vector<int64_t> tokens(4096, 7);
-    lease->Begin(16, "");
+    lease->Begin(16, "", tokens.size());
     lease->Tokens(tokens.data(), 1024);
     lease.reset();  // End(false), waiting for the helper if it started
   }
@@ -188,7 +188,11 @@ std::unique_ptr<Indexer> HeldPrefixes(const std::string& path, const std::vector
   return std::move(*idx);
 }
 
-TEST(KeyHelperTest, WalksEqualTieredForRandomPrompts) {
+// The walk on the helper (walk_thread false) or on a third thread following the hashing (true).
+class KeyHelperWalkTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(WalkOnHelperOrOwnThread, KeyHelperWalkTest, ::testing::Bool());
+
+TEST_P(KeyHelperWalkTest, WalksEqualTieredForRandomPrompts) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -196,7 +200,7 @@ TEST(KeyHelperTest, WalksEqualTieredForRandomPrompts) {
   const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 2000);
   std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 12, rng);
   ASSERT_NE(idx, nullptr);
-  KeyHelper helper(idx.get());
+  KeyHelper helper(idx.get(), SystemClock(), GetParam());
   int walked = 0;
   int ended_early = 0;
   for (int round = 0; round < 150; ++round) {
@@ -242,9 +246,41 @@ TEST(KeyHelperTest, WalksEqualTieredForRandomPrompts) {
   EXPECT_GT(walked, ended_early) << "no walk went to the last block";
 }
 
+// Leases dropped mid-list, and lists longer than Begin announced, while walks are under way:
+// the helper and the walk thread let go (the lock given back: a writer gets in afterwards).
+TEST_P(KeyHelperWalkTest, DroppedAndOverlongJobsLetGo) {
+  std::mt19937_64 rng(testing::TestSeed());
+  ScopedTempDir dir("key-helper-drop");
+  const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 500);
+  std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 4, rng);
+  ASSERT_NE(idx, nullptr);
+  KeyHelper helper(idx.get(), SystemClock(), GetParam());
+  for (int i = 0; i < 100; ++i) {
+    auto lease = helper.TryLease();
+    ASSERT_NE(lease, nullptr);
+    // (Only the walk thread relies on the announced size: its keys must not move.)
+    const bool overlong = GetParam() && i % 2 == 1;
+    lease->Begin(16, "", overlong ? 16 * 64 : prompt.size());
+    lease->Tokens(prompt.data(), overlong ? prompt.size() : prompt.size() / 3);
+    if (overlong) {
+      lease->End(true);
+      // An overlong job hashes no further than it announced: no walk, no keys handed over.
+      EXPECT_FALSE(lease->TakeWalk().has_value()) << i;
+      EXPECT_TRUE(lease->TakeKeys().empty()) << i;
+    }
+    lease.reset();  // End(false) when not ended: waits for the helper (and the walk) to let go
+  }
+  BlockStored st;
+  st.block_hashes.push_back(BlockHash::Uint(77));
+  st.medium = "GPU";
+  EventBatch b;
+  b.events.push_back(st);
+  EXPECT_TRUE(idx->ApplyBatch("after", 0, 1, b).ok()) << "the index's lock was kept";
+}
+
 // A writer applying batches while the helper walks: no deadlock (the walk's reader lock is the
 // helper thread's, given back when the parse ends) and every answer names held sources only.
-TEST(KeyHelperTest, WalksBesideAWriter) {
+TEST_P(KeyHelperWalkTest, WalksBesideAWriter) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
@@ -252,7 +288,7 @@ TEST(KeyHelperTest, WalksBesideAWriter) {
   const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 300);
   std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 4, rng);
   ASSERT_NE(idx, nullptr);
-  KeyHelper helper(idx.get());
+  KeyHelper helper(idx.get(), SystemClock(), GetParam());
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     for (uint64_t seq = 1; !stop.load(); ++seq) {
