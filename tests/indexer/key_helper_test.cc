@@ -189,33 +189,44 @@ std::unique_ptr<Indexer> HeldPrefixes(const std::string& path, const std::vector
 }
 
 // The walk on the helper (walk_thread false) or on a third thread following the hashing (true).
-class KeyHelperWalkTest : public ::testing::TestWithParam<bool> {};
+class KeyHelperWalkTest : public ::testing::TestWithParam<bool> {
+ protected:
+  // A random prompt of `blocks` blocks, `sources` engines holding prefixes of it (HeldPrefixes),
+  // and a helper walking that index.
+  void Hold(size_t blocks, int sources) {
+    prompt_ = RandomTokens(rng_, 16 * blocks);
+    idx_ = HeldPrefixes(dir_.path() + "/i.db", prompt_, sources, rng_);
+    ASSERT_NE(idx_, nullptr);
+    helper_ = std::make_unique<KeyHelper>(idx_.get(), SystemClock(), GetParam());
+  }
+
+  const uint32_t seed_ = testing::TestSeed();
+  std::mt19937_64 rng_{seed_};
+  ScopedTempDir dir_{"key-helper-walk"};
+  std::vector<int64_t> prompt_;
+  std::unique_ptr<Indexer> idx_;
+  std::unique_ptr<KeyHelper> helper_;  // after idx_: destroyed first
+};
 INSTANTIATE_TEST_SUITE_P(WalkOnHelperOrOwnThread, KeyHelperWalkTest, ::testing::Bool());
 
 TEST_P(KeyHelperWalkTest, WalksEqualTieredForRandomPrompts) {
-  const uint32_t seed = testing::TestSeed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  ScopedTempDir dir("key-helper-walk");
-  const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 2000);
-  std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 12, rng);
-  ASSERT_NE(idx, nullptr);
-  KeyHelper helper(idx.get(), SystemClock(), GetParam());
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  ASSERT_NO_FATAL_FAILURE(Hold(2000, 12));
   int walked = 0;
   int ended_early = 0;
   for (int round = 0; round < 150; ++round) {
-    // A prefix of the held prompt (every block held by engine-0), then tokens of its own in two
+    // A prefix of the held prompt_ (every block held by engine-0), then tokens of its own in two
     // rounds of three (the walk ends at the first of them), or none held at all.
-    std::vector<int64_t> tokens(prompt.begin(),
-                                prompt.begin() + static_cast<long>(rng() % prompt.size()));
+    std::vector<int64_t> tokens(prompt_.begin(),
+                                prompt_.begin() + static_cast<long>(rng_() % prompt_.size()));
     if (round % 5 == 0) tokens.clear();
     if (round % 3 != 0) {
-      for (const int64_t t : RandomTokens(rng, rng() % 3000)) tokens.push_back(t);
+      for (const int64_t t : RandomTokens(rng_, rng_() % 3000)) tokens.push_back(t);
     }
-    auto lease = helper.TryLease();
+    auto lease = helper_->TryLease();
     ASSERT_NE(lease, nullptr);
     auto q =
-        ParseRouterQuery(QueryBody(tokens, 16, "", rng() % 2 == 0), false, 1 << 20, lease.get());
+        ParseRouterQuery(QueryBody(tokens, 16, "", rng_() % 2 == 0), false, 1 << 20, lease.get());
     ASSERT_TRUE(q.ok()) << q.status().ToString();
     auto walk = lease->TakeWalk();
     // The helper woke too late (the handler walks), or no block (the handler does not walk).
@@ -226,7 +237,7 @@ TEST_P(KeyHelperWalkTest, WalksEqualTieredForRandomPrompts) {
     ScoreQuery sq;
     sq.token_ids = tokens;
     sq.block_size = 16;
-    auto want = idx->Tiered(sq);
+    auto want = idx_->Tiered(sq);
     ASSERT_TRUE(want.ok());
     ASSERT_EQ(walk->size(), want->size()) << "round " << round;
     for (size_t i = 0; i < want->size(); ++i) {
@@ -249,19 +260,15 @@ TEST_P(KeyHelperWalkTest, WalksEqualTieredForRandomPrompts) {
 // Leases dropped mid-list, and lists longer than Begin announced, while walks are under way:
 // the helper and the walk thread let go (the lock given back: a writer gets in afterwards).
 TEST_P(KeyHelperWalkTest, DroppedAndOverlongJobsLetGo) {
-  std::mt19937_64 rng(testing::TestSeed());
-  ScopedTempDir dir("key-helper-drop");
-  const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 500);
-  std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 4, rng);
-  ASSERT_NE(idx, nullptr);
-  KeyHelper helper(idx.get(), SystemClock(), GetParam());
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  ASSERT_NO_FATAL_FAILURE(Hold(500, 4));
   for (int i = 0; i < 100; ++i) {
-    auto lease = helper.TryLease();
+    auto lease = helper_->TryLease();
     ASSERT_NE(lease, nullptr);
     // (Only the walk thread relies on the announced size: its keys must not move.)
     const bool overlong = GetParam() && i % 2 == 1;
-    lease->Begin(16, "", overlong ? 16 * 64 : prompt.size());
-    lease->Tokens(prompt.data(), overlong ? prompt.size() : prompt.size() / 3);
+    lease->Begin(16, "", overlong ? 16 * 64 : prompt_.size());
+    lease->Tokens(prompt_.data(), overlong ? prompt_.size() : prompt_.size() / 3);
     if (overlong) {
       lease->End(true);
       // An overlong job hashes no further than it announced: no walk, no keys handed over.
@@ -275,37 +282,31 @@ TEST_P(KeyHelperWalkTest, DroppedAndOverlongJobsLetGo) {
   st.medium = "GPU";
   EventBatch b;
   b.events.push_back(st);
-  EXPECT_TRUE(idx->ApplyBatch("after", 0, 1, b).ok()) << "the index's lock was kept";
+  EXPECT_TRUE(idx_->ApplyBatch("after", 0, 1, b).ok()) << "the index's lock was kept";
 }
 
 // A writer applying batches while the helper walks: no deadlock (the walk's reader lock is the
 // helper thread's, given back when the parse ends) and every answer names held sources only.
 TEST_P(KeyHelperWalkTest, WalksBesideAWriter) {
-  const uint32_t seed = testing::TestSeed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  ScopedTempDir dir("key-helper-writer");
-  const std::vector<int64_t> prompt = RandomTokens(rng, 16 * 300);
-  std::unique_ptr<Indexer> idx = HeldPrefixes(dir.path() + "/i.db", prompt, 4, rng);
-  ASSERT_NE(idx, nullptr);
-  KeyHelper helper(idx.get(), SystemClock(), GetParam());
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  ASSERT_NO_FATAL_FAILURE(Hold(300, 4));
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     for (uint64_t seq = 1; !stop.load(); ++seq) {
       BlockStored st;
       st.block_hashes.push_back(BlockHash::Uint(seq));
-      st.token_ids.assign(prompt.begin(), prompt.begin() + 16);
+      st.token_ids.assign(prompt_.begin(), prompt_.begin() + 16);
       st.block_size = 16;
       st.medium = "GPU";
       EventBatch b;
       b.events.push_back(st);
-      ASSERT_TRUE(idx->ApplyBatch("writer", 0, seq, b).ok());
+      ASSERT_TRUE(idx_->ApplyBatch("writer", 0, seq, b).ok());
     }
   });
   for (int round = 0; round < 60; ++round) {
-    auto lease = helper.TryLease();
+    auto lease = helper_->TryLease();
     ASSERT_NE(lease, nullptr);
-    auto q = ParseRouterQuery(QueryBody(prompt, 16, "", false), false, 1 << 20, lease.get());
+    auto q = ParseRouterQuery(QueryBody(prompt_, 16, "", false), false, 1 << 20, lease.get());
     ASSERT_TRUE(q.ok());
     auto walk = lease->TakeWalk();
     if (!walk) continue;
