@@ -506,6 +506,8 @@ int RouterApiCase(const BenchOptions& o) {
   so.index = BenchOptionsFor();
   // KVO_BENCH_NO_KEY_HELPER=1: /query hashes its content keys in the walk (the comparison run).
   so.parallel_query_keys = std::getenv("KVO_BENCH_NO_KEY_HELPER") == nullptr;
+  // KVO_BENCH_NO_FOLLOW=1: query bodies read whole before a worker takes them (the comparison run).
+  so.follow_query_bodies = std::getenv("KVO_BENCH_NO_FOLLOW") == nullptr;
   auto started = IndexerService::Start(cfg, so);
   if (!started.ok()) {
     std::fprintf(stderr, "router bench: %s\n", started.status().ToString().c_str());
@@ -653,7 +655,7 @@ int RouterApiCase(const BenchOptions& o) {
   };
   const double helper_start_us = mean_us("kvo_indexer_query_helper_start_seconds");
   const double helper_wait_us = mean_us("kvo_indexer_query_helper_wait_seconds");
-  char notes[900];
+  char notes[1100];
   for (int k = 0; k < 2; ++k) {
     const bool tokens = k == 1;
     for (double p : {50.0, 99.0}) {
@@ -669,12 +671,14 @@ int RouterApiCase(const BenchOptions& o) {
       std::snprintf(notes, sizeof notes,
                     "POST %s over loopback keep-alive HTTP, request body %zu bytes, parse + scope "
                     "+ walk + render; the handler alone (no socket) %.0f us, of which the body's "
-                    "parse %.0f us; the transport alone (same body, a 404 path) %.0f us; %s%lld "
-                    "wrong answers; lower is better%s",
+                    "parse %.0f us; the transport alone (same body, a 404 path) %.0f us; %s; "
+                    "%s%lld wrong answers; lower is better%s",
                     tokens ? "/query" : "/query_by_hash", (tokens ? body_tokens : body_hash).size(),
                     Percentile(tokens ? t_handler : h_handler, p),
                     Percentile(tokens ? t_parse : h_parse, p),
                     Percentile(tokens ? t_transport : h_transport, p),
+                    so.follow_query_bodies ? "the body followed by a worker as it arrives"
+                                           : "the body read whole before a worker takes it",
                     tokens ? KeysNote(so.parallel_query_keys, on_helper, in_walk, helper_start_us,
                                       helper_wait_us, served_us)
                                  .c_str()

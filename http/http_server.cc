@@ -70,6 +70,63 @@ class BodyBytes {
   size_t bytes_ = 0;
 };
 
+// A body the I/O thread reads while a worker follows it (HttpServerOptions::early_paths): one
+// 32-bit word, (bytes in place << 2) | state, written only by the I/O thread, so the worker can
+// spin on it or block on it (std::atomic::wait) and every change wakes it.
+class Arrival {
+ public:
+  static constexpr size_t kMaxBytes = (size_t{1} << 30) - 1;  // what the word can count
+
+  explicit Arrival(size_t have) : word_(static_cast<uint32_t>(have) << 2) {}
+
+  // I/O thread: the first `have` bytes are in place (release: the worker may read them).
+  void Progress(size_t have) { Set(have, kReading); }
+  // I/O thread: all `size` bytes are in place, or (failed) the body never will be. The first end
+  // wins.
+  void Complete(size_t size) { Set(size, kComplete); }
+  void Fail() { Set(word_.load(std::memory_order_relaxed) >> 2, kFailed); }
+
+  // Worker: reads one byte of every cache line as it arrives (from `seen` on), so the handler
+  // finds the body in this core's cache; spins briefly between pieces when `spin`, else blocks.
+  // True once the body is complete, false when it failed.
+  bool Follow(const char* data, size_t seen, bool spin) const {
+    auto idle_since = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      const uint32_t w = word_.load(std::memory_order_acquire);
+      const size_t have = w >> 2;
+      if (have > seen) {
+        uint64_t sum = 0;
+        for (size_t i = seen; i < have; i += 64) sum += static_cast<unsigned char>(data[i]);
+        asm volatile("" : : "r"(sum));  // the loads are the point: keep them
+        seen = have;
+        spins = 0;
+        if (spin) idle_since = std::chrono::steady_clock::now();
+        continue;
+      }
+      if ((w & 3) != kReading) return (w & 3) == kComplete;
+      if (spin && (spins % 64 != 63 || std::chrono::steady_clock::now() - idle_since < kSpinFor)) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+        continue;
+      }
+      word_.wait(w, std::memory_order_acquire);
+    }
+  }
+
+ private:
+  enum : uint32_t { kReading = 0, kComplete = 1, kFailed = 2 };
+  static constexpr auto kSpinFor = std::chrono::microseconds(50);
+
+  void Set(size_t have, uint32_t state) {
+    if ((word_.load(std::memory_order_relaxed) & 3) != kReading) return;
+    word_.store(static_cast<uint32_t>(have) << 2 | state, std::memory_order_release);
+    word_.notify_one();
+  }
+
+  std::atomic<uint32_t> word_;
+};
+
 // The handlers' workers. Unlike ThreadPool (which wakes whichever worker the condition variable
 // picks: in practice they take turns), the worker that went idle last takes the next request, so
 // a sequential client's requests keep running on one thread with warm caches (the index, the
@@ -164,6 +221,10 @@ struct ServerCore {
   std::atomic<int> connections{0};
   std::atomic<int> pending{0};
   std::atomic<size_t> body_bytes{0};
+  std::atomic<int> early{0};          // requests whose body a worker follows (early_paths)
+  std::atomic<uint64_t> followed{0};  // such requests so far
+  // A worker following a body spins between its pieces (else blocks): with cores to spare.
+  const bool early_spin = std::thread::hardware_concurrency() >= 4;
   // One descriptor held in reserve (/dev/null): when the process runs out of descriptors (EMFILE:
   // e.g. an indexer with more sources than its open-file limit allows), accept fails while other
   // threads keep taking every descriptor that frees up, and the API that would report the problem
@@ -200,6 +261,7 @@ struct ServerCore {
 
 constexpr size_t kSmallBody = 64u << 10;
 constexpr size_t kLargeReadBytes = 256u << 10;
+constexpr size_t kEarlyReadBytes = 128u << 10;  // a followed body's pieces (MaybeDispatchEarly)
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -236,6 +298,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // On the I/O thread: ends the connection (Stop).
   void Close() {
+    if (arrival_ != nullptr) std::exchange(arrival_, nullptr)->Fail();  // a follower lets go
     MutexLock lock(&socket_mu_);  // not while a worker writes to it
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
@@ -284,14 +347,20 @@ class Session : public std::enable_shared_from_this<Session> {
       asio::buffer_copy(asio::buffer(body_.data(), have), buffer_.data());
       buffer_.consume(have);
       if (have == body_.size()) return OnDirectBody({});
-      read_body = [self = shared_from_this(), have] {
+      MaybeDispatchEarly(have);
+      read_body = [self = shared_from_this(), have, arrival = arrival_] {
         self->stream_.expires_after(std::chrono::milliseconds(self->opt().body_timeout_ms));
         // Each read takes all the socket holds, up to the rest of the body (asio's own
         // completion conditions stop every read at 64 KiB: 13 reads and scheduler rounds for
-        // an 820 kB body the socket already holds).
+        // an 820 kB body the socket already holds); a body a worker follows is read 128 KiB at a
+        // time, each piece announced to it as it lands.
         asio::async_read(
             self->stream_, asio::buffer(self->body_.data() + have, self->body_.size() - have),
-            [](const beast::error_code& e, size_t) -> size_t { return e ? 0 : size_t{1} << 30; },
+            [arrival, have](const beast::error_code& e, size_t n) -> size_t {
+              if (arrival == nullptr) return e ? 0 : size_t{1} << 30;
+              arrival->Progress(have + n);
+              return e ? 0 : kEarlyReadBytes;
+            },
             [self](beast::error_code e, size_t) { self->OnDirectBody(e); });
       };
     } else {
@@ -342,6 +411,12 @@ class Session : public std::enable_shared_from_this<Session> {
       return Fail(ec);
     }
     stream_.expires_never();
+    if (arrival_ != nullptr) {
+      // A worker follows this body: from here on it and the header's request are the worker's.
+      parser_.reset();
+      std::exchange(arrival_, nullptr)->Complete(body_.size());
+      return;
+    }
     const auto& head = parser_->get();
     HttpRequest r;
     r.method = std::string(head.method_string());
@@ -354,37 +429,95 @@ class Session : public std::enable_shared_from_this<Session> {
     Dispatch(std::move(r), keep_alive);
   }
 
-  // On the I/O thread: hands a complete request to a worker (or refuses it when too many wait).
-  void Dispatch(HttpRequest r, bool keep_alive) {
-    const auto& pp = opt().priority_paths;
-    const bool priority = std::find(pp.begin(), pp.end(), r.path) != pp.end();
+  static bool Listed(const std::vector<std::string>& paths, const std::string& path) {
+    return std::find(paths.begin(), paths.end(), path) != paths.end();
+  }
+
+  // Counts a request as pending; false (not counted) when too many wait and it is not a priority
+  // request.
+  bool TakePending(bool priority) {
     if (srv_->pending.fetch_add(1, std::memory_order_relaxed) >= opt().max_pending_requests &&
         !priority) {
       srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+
+  // On the I/O thread: hands a complete request to a worker (or refuses it when too many wait).
+  void Dispatch(HttpRequest r, bool keep_alive) {
+    const bool priority = Listed(opt().priority_paths, r.path);
+    if (!TakePending(priority)) {
       body_bytes_.Release();
       return Respond(Error(503, "server busy: " + std::to_string(opt().max_pending_requests) +
                                     " requests are waiting; retry later"),
                      false);
     }
     auto task = [self = shared_from_this(), r = std::move(r), keep_alive]() mutable {
-      HttpResponse out;
-      if (self->srv_->stopping.load()) {
-        out = Error(503, "server stopping");
-      } else {
-        try {
-          out = self->srv_->handler(r);
-        } catch (const std::exception& e) {
-          KVO_LOG_ERROR("http {} {}: {}", r.method, r.path, e.what());
-          out = Error(500, "internal error");
-        }
-      }
-      r.body = std::string();  // the body's memory goes before its claim does
-      self->body_bytes_.Release();
-      self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
-      if (out.stream) return self->StreamOnWorker(out, keep_alive);
-      self->RespondFromWorker(std::move(out), keep_alive);
+      self->Serve(std::move(r), keep_alive);
     };
     (priority ? srv_->priority : srv_->workers)->Schedule(std::move(task));
+  }
+
+  // On the I/O thread, once the header is read and `have` bytes of a body of known length are in
+  // body_: hands the request to a worker now when its path is an early one and a slot is free
+  // (HttpServerOptions::early_paths); the worker follows the body and serves the request when
+  // OnDirectBody completes it. Otherwise (arrival_ stays null) the body is read first.
+  void MaybeDispatchEarly(size_t have) {
+    const auto& head = parser_->get();
+    beast::string_view target = head.target();
+    std::string path(target.substr(0, target.find('?')));
+    if (body_.size() < kSmallBody || body_.size() > Arrival::kMaxBytes ||
+        !Listed(opt().early_paths, path) || Listed(opt().priority_paths, path)) {
+      return;
+    }
+    if (srv_->early.fetch_add(1, std::memory_order_relaxed) >= opt().max_early_requests) {
+      srv_->early.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    if (!TakePending(false)) {
+      srv_->early.fetch_sub(1, std::memory_order_relaxed);
+      return;  // read it first: Dispatch then refuses it (or finds room)
+    }
+    arrival_ = std::make_shared<Arrival>(have);
+    srv_->followed.fetch_add(1, std::memory_order_relaxed);
+    HttpRequest r;
+    r.method = std::string(head.method_string());
+    r.path = std::move(path);
+    auto task = [self = shared_from_this(), arrival = arrival_, data = body_.data(), have,
+                 r = std::move(r), keep_alive = head.keep_alive()]() mutable {
+      const bool complete = arrival->Follow(data, have, self->srv_->early_spin);
+      self->srv_->early.fetch_sub(1, std::memory_order_relaxed);
+      if (!complete) {
+        // The read failed: the I/O thread's Fail released the body's claim and ended the
+        // connection; body_ may still be written by a read being cancelled.
+        self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+        return;
+      }
+      r.body = std::exchange(self->body_, std::string());
+      self->Serve(std::move(r), keep_alive);
+    };
+    srv_->workers->Schedule(std::move(task));
+  }
+
+  // On a worker: runs the handler on a complete request and answers it.
+  void Serve(HttpRequest r, bool keep_alive) {
+    HttpResponse out;
+    if (srv_->stopping.load()) {
+      out = Error(503, "server stopping");
+    } else {
+      try {
+        out = srv_->handler(r);
+      } catch (const std::exception& e) {
+        KVO_LOG_ERROR("http {} {}: {}", r.method, r.path, e.what());
+        out = Error(500, "internal error");
+      }
+    }
+    r.body = std::string();  // the body's memory goes before its claim does
+    body_bytes_.Release();
+    srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+    if (out.stream) return StreamOnWorker(out, keep_alive);
+    RespondFromWorker(std::move(out), keep_alive);
   }
 
   // On a worker: writes the header, runs the producer (each chunk a blocking write through the
@@ -508,6 +641,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Maps a read error to an answer, or closes quietly when there is no one to answer.
   void Fail(beast::error_code ec) {
+    if (arrival_ != nullptr) std::exchange(arrival_, nullptr)->Fail();  // a follower lets go
     body_bytes_.Release();
     if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
@@ -576,6 +710,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_header_;
   BodyBytes body_bytes_;
   std::string body_;  // a body of known length being read (OnDirectBody)
+  // Set while a worker follows body_ (MaybeDispatchEarly): body_ and the request are then the
+  // worker's once OnDirectBody completes it.
+  std::shared_ptr<Arrival> arrival_;
   // Held by a worker writing its answer (RespondFromWorker) and by Close (the I/O thread: Stop).
   Mutex socket_mu_;
   std::array<char, 4096> discard_{};
@@ -625,6 +762,10 @@ HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { Stop(); }
 
 int HttpServer::port() const { return impl_->port; }
+
+uint64_t HttpServer::followed_bodies() const {
+  return impl_->followed.load(std::memory_order_relaxed);
+}
 
 Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
                                                       Handler handler) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -83,6 +84,15 @@ struct HttpServerOptions {
   int body_timeout_ms = 30000;                   // the whole body, from the end of the header
   int keep_alive_timeout_ms = 5000;  // an idle kept-alive connection: the next whole header
   int write_timeout_ms = 30000;      // the whole response
+  // Requests to these paths with a Content-Length body of 64 KiB or more go to a worker as soon
+  // as their header is read: the worker follows the body as the I/O thread reads it (pulling each
+  // piece into its own cache) and runs the handler once it is complete, so the hand-off and the
+  // handler's first pass over a cold body overlap the transfer (an 820 kB /query). The handler
+  // still sees a complete body. Such a request holds a worker while its body arrives, so at most
+  // `max_early_requests` are followed at once (a slow sender cannot take every worker); others
+  // are read first, as on any other path.
+  std::vector<std::string> early_paths;
+  int max_early_requests = 1;
 };
 
 class HttpServer {
@@ -98,6 +108,8 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   int port() const;
+  // Requests handed to a worker while their body was still arriving (early_paths), so far.
+  uint64_t followed_bodies() const;
   void Stop();
 
  private:

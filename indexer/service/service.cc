@@ -661,6 +661,8 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
   if (options.start_http) {
     HttpServerOptions ho;
     ho.address = address;
+    // A 128k-token /query is ~0.9 MB: a worker follows its body while it arrives (http_server.h).
+    if (options.follow_query_bodies) ho.early_paths = {"/query", "/query_by_hash", "/v1/score"};
     IndexerService* svc = service.get();
     auto http = HttpServer::Start(ho, [svc](const HttpRequest& r) { return svc->Handle(r); });
     if (!http.ok()) {

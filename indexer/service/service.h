@@ -45,6 +45,9 @@ struct ServiceOptions {
   // POST /query hashes the prompt's content keys on a helper thread while its token list is
   // parsed (KeyHelper), where the machine has more than one CPU.
   bool parallel_query_keys = true;
+  // A worker follows a large query body while it arrives and runs the handler once it is complete
+  // (HttpServerOptions::early_paths: /query, /query_by_hash, /v1/score).
+  bool follow_query_bodies = true;
 };
 
 class IndexerService {

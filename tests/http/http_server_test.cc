@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,9 +51,18 @@ class HttpServerTest : public ::testing::Test {
       cv_.wait_for(lock, std::chrono::seconds(30), [this] { return released_; });
     }
     if (r.path == "/healthz") return HttpResponse{200, "application/json", "{\"status\":\"ok\"}"};
+    if (r.path == "/early" || r.path == "/late")
+      return HttpResponse{200, "text/plain", Digest(r.body)};
     return HttpResponse{200, "application/json",
                         "{\"method\":\"" + r.method + "\",\"path\":\"" + r.path +
                             "\",\"bytes\":" + std::to_string(r.body.size()) + "}"};
+  }
+
+  // What the body handlers answer: its size and FNV-1a, so a byte lost, doubled or moved shows.
+  static std::string Digest(const std::string& body) {
+    uint64_t h = 1469598103934665603ULL;
+    for (unsigned char c : body) h = (h ^ c) * 1099511628211ULL;
+    return std::to_string(body.size()) + ":" + std::to_string(h);
   }
 
   // Latency of GET /healthz on a fresh connection; -1 when unanswered within 2 s.
@@ -217,6 +227,148 @@ TEST_F(HttpServerTest, StopClosesOpenConnectionsPromptly) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
   EXPECT_TRUE(idle.ClosedWithin(1000));
   EXPECT_TRUE(kept.ClosedWithin(1000));
+}
+
+// Early paths (HttpServerOptions::early_paths): a worker follows a large body while the I/O thread
+// reads it and serves the request once it is complete.
+class HttpEarlyBodyTest : public HttpServerTest {
+ protected:
+  void StartEarly(int workers, int body_timeout_ms = 30000) {
+    HttpServerOptions o;
+    o.worker_threads = workers;
+    o.early_paths = {"/early"};
+    o.max_early_requests = 1;
+    o.body_timeout_ms = body_timeout_ms;
+    StartServer(o);
+  }
+  static std::string Body(std::mt19937_64& rng, size_t n) {
+    std::string b(n, ' ');
+    for (char& c : b) c = static_cast<char>('!' + rng() % 90);
+    return b;
+  }
+  static std::string Head(const std::string& path, size_t length, bool expect = false) {
+    return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(length) +
+           (expect ? "\r\nExpect: 100-continue" : "") + "\r\n\r\n";
+  }
+  // A small request on a worker (not the priority lane): answered means a worker is free.
+  bool WorkerAnswers() {
+    Conn c(server_->port());
+    return c.Send(RawPost("/x", "{}")) && c.Read(5000).status == 200;
+  }
+  // Waits (bounded) until the server has handed `n` bodies to a follower.
+  bool FollowedWithin(uint64_t n, int ms) {
+    const auto until = Clock::now() + std::chrono::milliseconds(ms);
+    while (server_->followed_bodies() < n) {
+      if (Clock::now() > until) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  }
+};
+
+// Bodies of random sizes around the 64 KiB threshold and up to 3 MiB, sent in random pieces
+// (some behind Expect: 100-continue, several on one kept-alive connection), from three clients
+// at once so that some are followed and some (the follower's slot taken) read first: every
+// answer names the body's exact size and digest.
+TEST_F(HttpEarlyBodyTest, FollowedBodiesArriveWholeAndInOrder) {
+  StartEarly(4);
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (int k = 0; k < 3; ++k) {
+    clients.emplace_back([&, k] {
+      std::mt19937_64 rng(seed + static_cast<uint64_t>(k));
+      Conn c(server_->port());
+      for (int i = 0; i < 8; ++i) {
+        const size_t n = rng() % 4 == 0 ? (64u << 10) - 2 + rng() % 4 : 1 + rng() % (3u << 20);
+        const std::string body = Body(rng, n);
+        const bool expect = rng() % 4 == 0;
+        const std::string path = rng() % 5 == 0 ? "/late" : "/early";
+        bool ok = c.Send(Head(path, n, expect));
+        if (ok && expect) ok = c.Read(5000).status == 100;
+        for (size_t off = 0; ok && off < n;) {
+          const size_t piece = std::min<size_t>(n - off, 1 + rng() % (256u << 10));
+          ok = c.Send(body.substr(off, piece));
+          off += piece;
+          std::this_thread::yield();
+        }
+        const auto r = ok ? c.Read(10000) : Conn::Response{};
+        if (r.status != 200 || r.body != Digest(body)) {
+          ++wrong;
+          ADD_FAILURE() << "client " << k << " request " << i << " (" << n << " bytes to " << path
+                        << "): HTTP " << r.status << " " << r.body.substr(0, 80);
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(server_->followed_bodies(), 0u) << "no body was followed: the early path went untested";
+}
+
+// One worker, and bodies that never complete: the peer closes mid-body, resets, or stalls until
+// the body deadline. Each time the follower lets go and the one worker serves the next request.
+TEST_F(HttpEarlyBodyTest, AFollowerLetsGoOfBodiesThatNeverComplete) {
+  StartEarly(1, 300);
+  std::mt19937_64 rng(7);
+  const std::string body = Body(rng, 1u << 20);
+  for (int how = 0; how < 3; ++how) {
+    const uint64_t before = server_->followed_bodies();
+    {
+      Conn c(server_->port());
+      ASSERT_TRUE(c.Send(Head("/early", body.size()) + body.substr(0, 300000)));
+      ASSERT_TRUE(FollowedWithin(before + 1, 5000)) << "case " << how;
+      if (how == 2) {
+        EXPECT_TRUE(c.ClosedWithin(5000)) << "the body deadline did not end it";
+      }
+      if (how == 1) c.Reset();
+    }  // closes (case 0)
+    EXPECT_TRUE(WorkerAnswers()) << "case " << how << ": the only worker is still held";
+  }
+  // And a whole body is still followed and served after all that.
+  Conn c(server_->port());
+  ASSERT_TRUE(c.Send(Head("/early", body.size()) + body));
+  const auto r = c.Read(10000);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, Digest(body));
+  EXPECT_EQ(server_->followed_bodies(), 4u);
+}
+
+// A slow sender holds the one follower slot and one of two workers, never the server: another
+// large body on the same path is read first and answered by the other worker, small requests
+// too; the slow body, once complete, is answered right.
+TEST_F(HttpEarlyBodyTest, ASlowSenderHoldsOneWorkerNotTheServer) {
+  StartEarly(2);
+  std::mt19937_64 rng(11);
+  const std::string slow_body = Body(rng, 1u << 20);
+  const std::string other_body = Body(rng, 200000);
+  Conn slow(server_->port());
+  ASSERT_TRUE(slow.Send(Head("/early", slow_body.size()) + slow_body.substr(0, 1000)));
+  ASSERT_TRUE(FollowedWithin(1, 5000));
+  Conn other(server_->port());
+  ASSERT_TRUE(other.Send(Head("/early", other_body.size()) + other_body));
+  auto r = other.Read(10000);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, Digest(other_body));
+  EXPECT_EQ(server_->followed_bodies(), 1u) << "the slot was taken: this one is read first";
+  EXPECT_TRUE(WorkerAnswers());
+  ASSERT_TRUE(slow.Send(slow_body.substr(1000)));
+  r = slow.Read(10000);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, Digest(slow_body));
+}
+
+TEST_F(HttpEarlyBodyTest, StopWhileAWorkerFollowsABody) {
+  StartEarly(1);
+  Conn c(server_->port());
+  ASSERT_TRUE(c.Send(Head("/early", 1u << 20) + std::string(100000, 'x')));
+  ASSERT_TRUE(FollowedWithin(1, 5000));
+  const auto t0 = Clock::now();
+  server_->Stop();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_TRUE(c.ClosedWithin(1000));
 }
 
 }  // namespace

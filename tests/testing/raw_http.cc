@@ -48,6 +48,14 @@ bool RawHttpConn::Send(const std::string& data) {
   return fd_ >= 0;
 }
 
+void RawHttpConn::Reset() {
+  if (fd_ < 0) return;
+  linger l{1, 0};
+  ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::close(fd_);
+  fd_ = -1;
+}
+
 bool RawHttpConn::Readable() {
   pollfd p{fd_, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;

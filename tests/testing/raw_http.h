@@ -18,6 +18,8 @@ class RawHttpConn {
   bool Send(const std::string& data);
   // Whether the server has sent something (or closed) by now.
   bool Readable();
+  // Closes the connection with a reset (SO_LINGER 0), as a crashed client's kernel would.
+  void Reset();
   // Whether the server closed the connection (EOF or reset) within `ms`.
   bool ClosedWithin(int ms);
 
