@@ -49,6 +49,55 @@ uint64_t ContentKey(uint64_t parent, std::span<const int64_t> block_tokens) {
   return NonZero(XXH3_64bits(p, n));
 }
 
+namespace {
+
+// ContentKey for blocks of kBlock tokens: the buffer's length is a constant, so XXH3's length
+// dispatch folds away and the whole key is inlined into the chain's loop.
+template <size_t kBlock>
+uint64_t ChainFixed(uint64_t parent, const int64_t* tokens, size_t blocks, uint64_t* out) {
+  unsigned char buf[8 + 8 * kBlock];
+  for (size_t b = 0; b < blocks; ++b) {
+    std::memcpy(buf, &parent, 8);
+    std::memcpy(buf + 8, tokens + b * kBlock, 8 * kBlock);
+    parent = NonZero(XXH3_64bits(buf, sizeof buf));
+    out[b] = parent;
+  }
+  return parent;
+}
+
+}  // namespace
+
+uint64_t ChainContentKeys(uint64_t parent, const int64_t* tokens, size_t block_size, size_t blocks,
+                          uint64_t* out) {
+  if constexpr (std::endian::native == std::endian::little) {
+    switch (block_size) {
+      case 1:
+        return ChainFixed<1>(parent, tokens, blocks, out);
+      case 2:
+        return ChainFixed<2>(parent, tokens, blocks, out);
+      case 4:
+        return ChainFixed<4>(parent, tokens, blocks, out);
+      case 8:
+        return ChainFixed<8>(parent, tokens, blocks, out);
+      case 16:
+        return ChainFixed<16>(parent, tokens, blocks, out);
+      case 32:
+        return ChainFixed<32>(parent, tokens, blocks, out);
+      case 64:
+        return ChainFixed<64>(parent, tokens, blocks, out);
+      case 128:
+        return ChainFixed<128>(parent, tokens, blocks, out);
+      default:
+        break;
+    }
+  }
+  for (size_t b = 0; b < blocks; ++b) {
+    parent = ContentKey(parent, std::span<const int64_t>(tokens + b * block_size, block_size));
+    out[b] = parent;
+  }
+  return parent;
+}
+
 Result<std::vector<uint64_t>> ContentKeys(std::span<const int64_t> token_ids, int64_t block_size,
                                           std::string_view lora_name) {
   if (block_size <= 0) {
@@ -74,11 +123,12 @@ BlockKeys BlockKeys::FromTokens(std::span<const int64_t> tokens, size_t block_si
 }
 
 void BlockKeys::Extend(size_t n) {
-  uint64_t parent = computed_.empty() ? parent_ : computed_.back();
-  for (size_t i = computed_.size(); i < n; ++i) {
-    parent = ContentKey(parent, tokens_.subspan(i * block_size_, block_size_));
-    computed_.push_back(parent);
-  }
+  const size_t from = computed_.size();
+  if (n <= from) return;
+  const uint64_t parent = computed_.empty() ? parent_ : computed_.back();
+  computed_.resize(n);
+  ChainContentKeys(parent, tokens_.data() + from * block_size_, block_size_, n - from,
+                   computed_.data() + from);
 }
 
 std::vector<uint64_t> BlockKeys::All() {

@@ -60,6 +60,12 @@ namespace kvo {
 // algorithms share one key space. Extra keys (multimodal, cache_salt) are not part of it.
 uint64_t ContentKeyRoot(std::string_view lora_name);
 uint64_t ContentKey(uint64_t parent, std::span<const int64_t> block_tokens);
+// The keys of `blocks` full blocks of `tokens` (blocks * block_size ids) chained after `parent`,
+// into out[0, blocks); returns the last (`parent` when blocks is 0). Equal to ContentKey block by
+// block; vLLM's block sizes (1 to 128, powers of two) are compiled for their length, which lets a
+// block's token lanes overlap the previous key's finish (a 16-token chain ~30 % faster).
+uint64_t ChainContentKeys(uint64_t parent, const int64_t* tokens, size_t block_size, size_t blocks,
+                          uint64_t* out);
 // Keys of every full block of `token_ids` (a trailing partial block is ignored).
 // block_size <= 0 is InvalidArgument.
 Result<std::vector<uint64_t>> ContentKeys(std::span<const int64_t> token_ids, int64_t block_size,

@@ -312,12 +312,8 @@ void Indexer::Impl::KeyByTokens(LogRow* r) {
     ++counters.unresolved_parents;
     return;
   }
-  const size_t bs = static_cast<size_t>(r->block_size);
-  const std::span<const int64_t> tokens(r->token_ids);
-  for (size_t i = 0; i < r->hashes.size(); ++i) {
-    key = ContentKey(key, tokens.subspan(i * bs, bs));
-    r->content_keys[i] = key;
-  }
+  ChainContentKeys(key, r->token_ids.data(), static_cast<size_t>(r->block_size), r->hashes.size(),
+                   r->content_keys.data());
 }
 
 void Indexer::Impl::AdvanceStream(uint32_t sid, int64_t dp_rank, uint64_t seq, double ts,

@@ -123,11 +123,10 @@ void KeyHelper::Run() {
         }
         // Hash what is there first (a few blocks at a time, so a cancel is seen soon): the chain
         // is the longest job and only this thread can do it.
-        for (size_t i = 0; i < batch; ++i, ++blocks) {
-          parent =
-              ContentKey(parent, std::span<const int64_t>(data + blocks * block_size, block_size));
-          keys_.push_back(parent);
-        }
+        keys_.resize(blocks + batch);  // with the walk thread: inside the reservation, no move
+        parent = ChainContentKeys(parent, data + blocks * block_size, block_size, batch,
+                                  keys_.data() + blocks);
+        blocks += batch;
         if (walk_thread) hashed_.store(blocks, std::memory_order_release);
         continue;
       }

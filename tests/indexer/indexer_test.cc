@@ -85,6 +85,29 @@ const InstanceScore* Find(const ScoreResult& r, const std::string& source, int64
   return nullptr;
 }
 
+// The chain (with its fixed-length block sizes) equals ContentKey block by block, for every
+// block size up to 130 and chains of 0 to 40 blocks of random (also negative and huge) ids.
+TEST(ContentKeyTest, ChainEqualsKeyByKeyForEveryBlockSize) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  for (size_t bs = 1; bs <= 130; ++bs) {
+    const size_t blocks = rng() % 41;
+    std::vector<int64_t> t(blocks * bs);
+    for (int64_t& x : t) x = rng() % 3 == 0 ? static_cast<int64_t>(rng()) : int64_t(rng() % 200000);
+    const uint64_t root = rng() % 4 == 0 ? ContentKeyRoot("lora") : rng();
+    std::vector<uint64_t> chained(blocks + 1, 0xdeadbeef);
+    const uint64_t last = ChainContentKeys(root, t.data(), bs, blocks, chained.data());
+    uint64_t parent = root;
+    for (size_t b = 0; b < blocks; ++b) {
+      parent = ContentKey(parent, std::span<const int64_t>(t).subspan(b * bs, bs));
+      ASSERT_EQ(chained[b], parent) << "block size " << bs << ", block " << b;
+    }
+    EXPECT_EQ(last, parent) << "block size " << bs;
+    EXPECT_EQ(chained[blocks], 0xdeadbeefu) << "wrote past the last block, block size " << bs;
+  }
+}
+
 TEST(ContentKeyTest, ChainedAndLoraSeparated) {
   const auto t = Tokens(32, 7);
   auto k = *ContentKeys(t, 16);
