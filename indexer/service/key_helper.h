@@ -1,6 +1,6 @@
 // A /query's content keys hashed on a thread of their own while the handler's thread reads the
 // token list (ParseRouterQuery's TokenSink), so the two overlap: on a 128k-token prompt the keys
-// (8,192 chained XXH3-64) cost about as much as the parse.
+// (8,192 chained XXH3-64, ChainContentKeys) cost somewhat less than the parse.
 //
 // One query at a time holds the helper (TryLease); a query that finds it held hashes on its own
 // thread as without it. The helper thread waits on a condition variable for a lease's Begin, then
