@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -471,6 +472,23 @@ std::string P99Note(double value_us, double target_us) {
   return b;
 }
 
+// The slowest samples of a run with their places in it (a tail that clusters or recurs points
+// at background work; one spread over the run, at the host).
+std::string SlowestNote(const std::vector<double>& lat) {
+  std::vector<size_t> order(lat.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const size_t k = std::min<size_t>(4, order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](size_t a, size_t b) { return lat[a] > lat[b]; });
+  std::string out = "; slowest of " + std::to_string(lat.size()) + ":";
+  for (size_t i = 0; i < k; ++i) {
+    char b[48];
+    std::snprintf(b, sizeof b, " %.0f us (#%zu)", lat[order[i]], order[i]);
+    out += b;
+  }
+  return out;
+}
+
 // /query's note: where its keys were hashed and walked, and the helper's and the served handler's
 // mean times (diagnostics of the HTTP figure, not figures of their own).
 std::string KeysNote(bool helper, double on_helper, double in_walk, double start_us, double wait_us,
@@ -508,6 +526,8 @@ int RouterApiCase(const BenchOptions& o) {
   so.parallel_query_keys = std::getenv("KVO_BENCH_NO_KEY_HELPER") == nullptr;
   // KVO_BENCH_NO_FOLLOW=1: query bodies read whole before a worker takes them (the comparison run).
   so.follow_query_bodies = std::getenv("KVO_BENCH_NO_FOLLOW") == nullptr;
+  // KVO_BENCH_NO_ARRIVING=1: a followed /query body is parsed once complete (the comparison run).
+  so.parse_arriving_queries = std::getenv("KVO_BENCH_NO_ARRIVING") == nullptr;
   auto started = IndexerService::Start(cfg, so);
   if (!started.ok()) {
     std::fprintf(stderr, "router bench: %s\n", started.status().ToString().c_str());
@@ -655,7 +675,7 @@ int RouterApiCase(const BenchOptions& o) {
   };
   const double helper_start_us = mean_us("kvo_indexer_query_helper_start_seconds");
   const double helper_wait_us = mean_us("kvo_indexer_query_helper_wait_seconds");
-  char notes[1100];
+  char notes[1300];
   for (int k = 0; k < 2; ++k) {
     const bool tokens = k == 1;
     for (double p : {50.0, 99.0}) {
@@ -668,22 +688,24 @@ int RouterApiCase(const BenchOptions& o) {
       r.value = Percentile(tokens ? t_http : h_http, p);
       r.baseline_name = "in-process tiered walk (Indexer::Tiered), same index";
       r.baseline = Percentile(tokens ? t_in : h_in, p);
-      std::snprintf(notes, sizeof notes,
-                    "POST %s over loopback keep-alive HTTP, request body %zu bytes, parse + scope "
-                    "+ walk + render; the handler alone (no socket) %.0f us, of which the body's "
-                    "parse %.0f us; the transport alone (same body, a 404 path) %.0f us; %s; "
-                    "%s%lld wrong answers; lower is better%s",
-                    tokens ? "/query" : "/query_by_hash", (tokens ? body_tokens : body_hash).size(),
-                    Percentile(tokens ? t_handler : h_handler, p),
-                    Percentile(tokens ? t_parse : h_parse, p),
-                    Percentile(tokens ? t_transport : h_transport, p),
-                    so.follow_query_bodies ? "the body followed by a worker as it arrives"
-                                           : "the body read whole before a worker takes it",
-                    tokens ? KeysNote(so.parallel_query_keys, on_helper, in_walk, helper_start_us,
-                                      helper_wait_us, served_us)
-                                 .c_str()
-                           : "",
-                    static_cast<long long>(wrong), p == 99 ? P99Note(r.value, 1000).c_str() : "");
+      std::snprintf(
+          notes, sizeof notes,
+          "POST %s over loopback keep-alive HTTP, request body %zu bytes, parse + scope "
+          "+ walk + render; the handler alone (no socket) %.0f us, of which the body's "
+          "parse %.0f us; the transport alone (same body, a 404 path) %.0f us; %s; "
+          "%s%lld wrong answers; lower is better%s",
+          tokens ? "/query" : "/query_by_hash", (tokens ? body_tokens : body_hash).size(),
+          Percentile(tokens ? t_handler : h_handler, p), Percentile(tokens ? t_parse : h_parse, p),
+          Percentile(tokens ? t_transport : h_transport, p),
+          !so.follow_query_bodies               ? "the body read whole before a worker takes it"
+          : tokens && so.parse_arriving_queries ? "the token list parsed as the body arrives"
+                                                : "the body followed by a worker as it arrives",
+          tokens ? KeysNote(so.parallel_query_keys, on_helper, in_walk, helper_start_us,
+                            helper_wait_us, served_us)
+                       .c_str()
+                 : "",
+          static_cast<long long>(wrong),
+          p == 99 ? (P99Note(r.value, 1000) + SlowestNote(tokens ? t_http : h_http)).c_str() : "");
       r.notes = notes;
       PrintResult(r, o);
     }

@@ -90,21 +90,31 @@ class Arrival {
   // finds the body in this core's cache; spins briefly between pieces when `spin`, else blocks.
   // True once the body is complete, false when it failed.
   bool Follow(const char* data, size_t seen, bool spin) const {
-    auto idle_since = std::chrono::steady_clock::now();
+    for (;;) {
+      const uint32_t w = WaitBeyond(seen, spin);
+      const size_t have = w >> 2;
+      uint64_t sum = 0;
+      for (size_t i = seen; i < have; i += 64) sum += static_cast<unsigned char>(data[i]);
+      asm volatile("" : : "r"(sum));  // the loads are the point: keep them
+      seen = std::max(seen, have);
+      if ((w & 3) != kReading) return (w & 3) == kComplete;
+    }
+  }
+  // Worker: waits for the end of the body; true when it is complete, false when it failed.
+  bool Wait(bool spin) const {
+    for (;;) {
+      const uint32_t w = WaitBeyond(word_.load(std::memory_order_relaxed) >> 2, spin);
+      if ((w & 3) != kReading) return (w & 3) == kComplete;
+    }
+  }
+  // Worker: waits until more than `have` bytes are in place or the body ends (spinning for
+  // kSpinFor first when `spin`); returns the word (acquire: those bytes may be read).
+  uint32_t WaitBeyond(size_t have, bool spin) const {
+    const auto since = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
       const uint32_t w = word_.load(std::memory_order_acquire);
-      const size_t have = w >> 2;
-      if (have > seen) {
-        uint64_t sum = 0;
-        for (size_t i = seen; i < have; i += 64) sum += static_cast<unsigned char>(data[i]);
-        asm volatile("" : : "r"(sum));  // the loads are the point: keep them
-        seen = have;
-        spins = 0;
-        if (spin) idle_since = std::chrono::steady_clock::now();
-        continue;
-      }
-      if ((w & 3) != kReading) return (w & 3) == kComplete;
-      if (spin && (spins % 64 != 63 || std::chrono::steady_clock::now() - idle_since < kSpinFor)) {
+      if ((w >> 2) > have || (w & 3) != kReading) return w;
+      if (spin && (spins % 64 != 63 || std::chrono::steady_clock::now() - since < kSpinFor)) {
 #if defined(__x86_64__)
         __builtin_ia32_pause();
 #endif
@@ -113,6 +123,8 @@ class Arrival {
       word_.wait(w, std::memory_order_acquire);
     }
   }
+
+  static size_t Bytes(uint32_t word) { return word >> 2; }
 
  private:
   enum : uint32_t { kReading = 0, kComplete = 1, kFailed = 2 };
@@ -125,6 +137,25 @@ class Arrival {
   }
 
   std::atomic<uint32_t> word_;
+};
+
+// What a handler on an arriving path reads (HttpRequest::arriving): body_ as the I/O thread
+// fills it.
+class BodyInPlace final : public ArrivingBody {
+ public:
+  BodyInPlace(const Arrival* arrival, const char* data, size_t size, bool spin)
+      : arrival_(arrival), data_(data), size_(size), spin_(spin) {}
+  const char* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  size_t WaitBeyond(size_t have) const override {
+    return Arrival::Bytes(arrival_->WaitBeyond(have, spin_));
+  }
+
+ private:
+  const Arrival* const arrival_;
+  const char* const data_;
+  const size_t size_;
+  const bool spin_;
 };
 
 // The handlers' workers. Unlike ThreadPool (which wakes whichever worker the condition variable
@@ -484,35 +515,53 @@ class Session : public std::enable_shared_from_this<Session> {
     HttpRequest r;
     r.method = std::string(head.method_string());
     r.path = std::move(path);
-    auto task = [self = shared_from_this(), arrival = arrival_, data = body_.data(), have,
-                 r = std::move(r), keep_alive = head.keep_alive()]() mutable {
-      const bool complete = arrival->Follow(data, have, self->srv_->early_spin);
+    const bool handler_reads = Listed(opt().arriving_paths, r.path);
+    auto task = [self = shared_from_this(), arrival = arrival_, data = body_.data(),
+                 size = body_.size(), have, handler_reads, r = std::move(r),
+                 keep_alive = head.keep_alive()]() mutable {
+      const bool spin = self->srv_->early_spin;
+      HttpResponse out;
+      if (handler_reads) {
+        const BodyInPlace body(arrival.get(), data, size, spin);
+        r.arriving = &body;
+        out = self->RunHandler(r);
+        r.arriving = nullptr;
+      }
+      const bool complete = handler_reads ? arrival->Wait(spin) : arrival->Follow(data, have, spin);
       self->srv_->early.fetch_sub(1, std::memory_order_relaxed);
       if (!complete) {
         // The read failed: the I/O thread's Fail released the body's claim and ended the
-        // connection; body_ may still be written by a read being cancelled.
+        // connection; body_ may still be written by a read being cancelled (past what the
+        // handler was shown). The answer, if any, is dropped.
         self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
         return;
       }
       r.body = std::exchange(self->body_, std::string());
-      self->Serve(std::move(r), keep_alive);
+      if (!handler_reads) out = self->RunHandler(r);
+      self->Answer(std::move(r), std::move(out), keep_alive);
     };
     srv_->workers->Schedule(std::move(task));
   }
 
   // On a worker: runs the handler on a complete request and answers it.
   void Serve(HttpRequest r, bool keep_alive) {
-    HttpResponse out;
-    if (srv_->stopping.load()) {
-      out = Error(503, "server stopping");
-    } else {
-      try {
-        out = srv_->handler(r);
-      } catch (const std::exception& e) {
-        KVO_LOG_ERROR("http {} {}: {}", r.method, r.path, e.what());
-        out = Error(500, "internal error");
-      }
+    HttpResponse out = RunHandler(r);
+    Answer(std::move(r), std::move(out), keep_alive);
+  }
+
+  // On a worker: the handler's answer (a 503 once the server stops, a 500 for an exception).
+  HttpResponse RunHandler(const HttpRequest& r) {
+    if (srv_->stopping.load()) return Error(503, "server stopping");
+    try {
+      return srv_->handler(r);
+    } catch (const std::exception& e) {
+      KVO_LOG_ERROR("http {} {}: {}", r.method, r.path, e.what());
+      return Error(500, "internal error");
     }
+  }
+
+  // On a worker: frees the request and its claims, then sends `out`.
+  void Answer(HttpRequest r, HttpResponse out, bool keep_alive) {
     r.body = std::string();  // the body's memory goes before its claim does
     body_bytes_.Release();
     srv_->pending.fetch_sub(1, std::memory_order_relaxed);
@@ -754,6 +803,17 @@ void ServerCore::Accept() {
 }
 
 }  // namespace
+
+std::optional<std::string_view> WholeBody(const HttpRequest& r) {
+  if (r.arriving == nullptr) return std::string_view(r.body);
+  const size_t size = r.arriving->size();
+  for (size_t have = 0; have < size;) {
+    const size_t now = r.arriving->WaitBeyond(have);
+    if (now <= have) return std::nullopt;
+    have = now;
+  }
+  return std::string_view(r.arriving->data(), size);
+}
 
 struct HttpServer::Impl : ServerCore {};
 

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,11 +39,34 @@
 
 namespace kvo {
 
+class ArrivingBody;
+
 struct HttpRequest {
   std::string method;  // "GET" | "POST" | ...
   std::string path;    // without the query string
   std::string body;    // whatever its Content-Type (curl -d sends form-encoded JSON)
+  // Set only for a request to one of HttpServerOptions::arriving_paths whose body was still being
+  // read when the handler started: `body` is then empty and the handler reads the body through
+  // this (valid while the handler runs). WholeBody(r) reads either.
+  const ArrivingBody* arriving = nullptr;
 };
+
+// A request body the I/O thread is still reading while the handler runs (arriving_paths).
+class ArrivingBody {
+ public:
+  virtual ~ArrivingBody() = default;
+  // The body's storage: size() bytes (its Content-Length) once complete; only the first bytes
+  // WaitBeyond reported may be read.
+  virtual const char* data() const = 0;
+  virtual size_t size() const = 0;
+  // Blocks until more than `have` bytes are in place or the body ends; returns how many are in
+  // place: size() once it is complete, `have` or fewer only when it never will be (the client went
+  // away: whatever the handler answers is dropped).
+  virtual size_t WaitBeyond(size_t have) const = 0;
+};
+
+// The whole body of `r`, waiting for one still arriving; nullopt when it never arrives.
+std::optional<std::string_view> WholeBody(const HttpRequest& r);
 
 // Writes one chunk of a streamed body (empty: nothing written). False once the client is gone, a
 // write timed out or the server is stopping: the producer should stop.
@@ -93,6 +117,10 @@ struct HttpServerOptions {
   // are read first, as on any other path.
   std::vector<std::string> early_paths;
   int max_early_requests = 1;
+  // Of early_paths: here the handler itself runs while the body arrives (HttpRequest::arriving set,
+  // `body` empty) and reads it as it lands, e.g. a /query's token list parsed during its transfer.
+  // Its answer goes out once the whole body is in, whatever the handler read of it.
+  std::vector<std::string> arriving_paths;
 };
 
 class HttpServer {

@@ -21,6 +21,7 @@
 #include "common/hex.h"
 #include "common/json.h"
 #include "events/kv_events_config.h"
+#include "http/http_server.h"
 #include "indexer/service/sources_config.h"
 
 namespace kvo {
@@ -725,10 +726,22 @@ bool FastHashRun(const char*& p, const char* end, size_t max_n, std::vector<uint
 // loop (no lambda holds it by reference), so it stays in a register: 131 072 token ids in
 // ~2.5 ns each instead of ~6.
 template <bool kSigned, typename T>
+const char* ReadIntElements(const char* p, const char* end, const char* readable_from,
+                            int64_t max_items, std::vector<T>* out, TokenSink* sink);
+
+template <bool kSigned, typename T>
 const char* ReadIntList(const char* p, const char* end, const char* readable_from,
                         int64_t max_items, std::vector<T>* out, TokenSink* sink) {
   SkipWs(p, end);
   if (p < end && *p == ']') return p + 1;
+  return ReadIntElements<kSigned>(p, end, readable_from, max_items, out, sink);
+}
+
+// ReadIntList from an element (the list's first, or one after a ',', whitespace before it).
+template <bool kSigned, typename T>
+const char* ReadIntElements(const char* p, const char* end, const char* readable_from,
+                            int64_t max_items, std::vector<T>* out, TokenSink* sink) {
+  SkipWs(p, end);
   const size_t max_n = static_cast<size_t>(std::max<int64_t>(max_items, 0));
   // Hashes: after a window the vector code refused, the next elements one by one (a list of
   // negative or spaced hashes does not pay a refused window per element).
@@ -748,6 +761,8 @@ const char* ReadIntList(const char* p, const char* end, const char* readable_fro
       }
     }
 #endif
+    // Whitespace before an element (Python's json.dumps writes ", "): the windows stop there.
+    if (p < end && static_cast<unsigned char>(*p) <= ' ') SkipWs(p, end);
     bool neg = false;
     if (p < end && *p == '-') {
       neg = true;
@@ -780,49 +795,64 @@ const char* ReadIntList(const char* p, const char* end, const char* readable_fro
   }
 }
 
-std::optional<BigList> FindBigList(std::string_view body, std::initializer_list<const char*> keys) {
-  const char* const begin = body.data();
-  const char* const end = begin + body.size();
-  const char* p = begin;
-  auto ws = [&] { SkipWs(p, end); };
-  ws();
-  if (p >= end || *p != '{') return std::nullopt;
-  ++p;
-  BigList out;
+enum class Members { kList, kClosed, kFail };
+
+// From p at an object's member (just past its '{' or a ','), or at its '}': skips members up to
+// the value of one named by `keys` (kList, p at its '[') or past the object's '}' (kClosed). kFail
+// for what the list scanner leaves to the DOM (a key with an escape, such a member whose value is
+// not a list) and for text that ends first (a body still arriving: read on).
+Members ScanMembers(const char*& p, const char* end, std::initializer_list<const char*> keys) {
   for (;;) {
-    ws();
-    if (p < end && *p == '}') break;
-    if (p >= end || *p != '"') return std::nullopt;
+    SkipWs(p, end);
+    if (p < end && *p == '}') {
+      ++p;
+      return Members::kClosed;
+    }
+    if (p >= end || *p != '"') return Members::kFail;
     const char* k = ++p;
     while (p < end && *p != '"' && *p != '\\') ++p;
-    if (p >= end || *p != '"') return std::nullopt;  // an escape in a key: the slow path
+    if (p >= end || *p != '"') return Members::kFail;  // an escape in a key: the slow path
     const std::string_view key(k, static_cast<size_t>(p - k));
     ++p;
-    ws();
-    if (p >= end || *p != ':') return std::nullopt;
+    SkipWs(p, end);
+    if (p >= end || *p != ':') return Members::kFail;
     ++p;
-    ws();
+    SkipWs(p, end);
     bool wanted = false;
     for (const char* w : keys) wanted = wanted || key == w;
-    if (wanted) {
-      if (out.open != nullptr) return std::nullopt;  // twice (or both spellings)
-      if (p >= end || *p != '[') return std::nullopt;
-      out.open = p;
-      out.close = static_cast<const char*>(std::memchr(p, ']', static_cast<size_t>(end - p)));
-      if (out.close == nullptr) return std::nullopt;
-      p = out.close + 1;
-    } else if (!SkipValue(p, end)) {
-      return std::nullopt;
-    }
-    ws();
+    if (wanted) return p < end && *p == '[' ? Members::kList : Members::kFail;
+    if (!SkipValue(p, end)) return Members::kFail;
+    SkipWs(p, end);
     if (p < end && *p == ',') {
       ++p;
       continue;
     }
-    if (p < end && *p == '}') break;
-    return std::nullopt;
+    if (p < end && *p == '}') {
+      ++p;
+      return Members::kClosed;
+    }
+    return Members::kFail;
   }
-  if (out.open == nullptr) return std::nullopt;
+}
+
+// From p just past the list's ']': true when the object's other members name none of `keys` (a
+// second list, or both spellings, go to the DOM).
+bool NoSecondList(const char* p, const char* end, std::initializer_list<const char*> keys) {
+  SkipWs(p, end);
+  if (p < end && *p == ',') return ScanMembers(++p, end, keys) == Members::kClosed;
+  return p < end && *p == '}';
+}
+
+std::optional<BigList> FindBigList(std::string_view body, std::initializer_list<const char*> keys) {
+  const char* const begin = body.data();
+  const char* const end = begin + body.size();
+  const char* p = begin;
+  SkipWs(p, end);
+  if (p >= end || *p != '{' || ScanMembers(++p, end, keys) != Members::kList) return std::nullopt;
+  BigList out;
+  out.open = p;
+  out.close = static_cast<const char*>(std::memchr(p, ']', static_cast<size_t>(end - p)));
+  if (out.close == nullptr || !NoSecondList(out.close + 1, end, keys)) return std::nullopt;
   out.rest.reserve(body.size() - static_cast<size_t>(out.close + 1 - out.open) + 2);
   out.rest.append(begin, out.open);
   out.rest.append("[]");
@@ -1097,6 +1127,118 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
     sink->End(read);
   }
   if (!read) return ParseRouterQueryDom(body, by_hash, max_items);
+  if (head.ok()) head->token_ids = std::move(tokens);
+  return head;
+}
+
+Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items, TokenSink* sink) {
+  const char* const data = body.data();
+  const size_t size = body.size();
+  size_t have = 0;
+  // More of the body (false: it never comes), or all of it.
+  const auto more = [&] {
+    const size_t now = body.WaitBeyond(have);
+    if (now <= have) return false;
+    have = now;
+    return true;
+  };
+  const auto whole = [&] {
+    while (have < size) {
+      if (!more()) return false;
+    }
+    return true;
+  };
+  const auto ended = [] {
+    return Result<RouterQuery>(Status::InvalidArgument("the body ended before its Content-Length"));
+  };
+  if (!more()) return ended();
+  // The members before the list, scanned again as more arrives. No list in the first
+  // kArrivingHead bytes (or a head the scanner leaves to the DOM): the body is read whole first.
+  constexpr size_t kArrivingHead = 64u << 10;
+  const char* open = nullptr;
+  for (;;) {
+    const char* p = data;
+    const char* const end = data + have;
+    SkipWs(p, end);
+    if (p < end && *p != '{') break;
+    const Members m = p < end ? ScanMembers(++p, end, {"token_ids"}) : Members::kFail;
+    if (m == Members::kList) open = p;
+    if (m != Members::kFail || have == size || have >= kArrivingHead) break;
+    if (!more()) return ended();
+  }
+  if (open == nullptr) {
+    if (!whole()) return ended();
+    return ParseRouterQuery(std::string_view(data, size), false, max_items, sink);
+  }
+  // The members before the list say the block size and LoRA (the sink begins on them) unless
+  // some come after it; the members after it are checked against them at the end.
+  std::string rest(data, open);
+  const size_t head_bytes = rest.size();
+  rest.append("[]}");
+  Result<RouterQuery> head = ParseRouterQueryDom(rest, false, max_items);
+  const bool feed = sink != nullptr && head.ok() && head->block_size > 0;
+  const int64_t begun_block_size = feed ? head->block_size : 0;
+  const std::string begun_lora = feed ? head->lora_name : std::string();
+  // The list's text is at most the rest of the body: one element per two bytes ("1,").
+  const size_t max_n = static_cast<size_t>(std::max<int64_t>(max_items, 0));
+  const size_t fits = (size - head_bytes) / 2 + 1;
+  if (feed) sink->Begin(begun_block_size, begun_lora, std::min(fits, max_n));
+  std::vector<int64_t> tokens;
+  tokens.reserve(std::min(fits, max_n + 1));  // it never moves (TokenSink's promise)
+  const int64_t* const storage = tokens.data();
+  TokenSink* const feed_to = feed ? sink : nullptr;
+  // Whole 64-byte windows of compact ids as they arrive; the rest (a list that does not start
+  // with a digit, an element the windows leave to the per-element reader, the last bytes) once
+  // the body is whole.
+  const char* p = open + 1;
+  const char* closed = nullptr;  // past the list's ']', once read
+  bool started = false;
+#if defined(__SSE2__)
+  if constexpr (std::endian::native == std::endian::little) {
+    started = p < data + have && IsDigit(*p);
+    while (started) {
+      const char* const end = data + have;
+      if (FastIntRun(p, end, data, max_n, &tokens, feed_to)) {
+        closed = p;
+        break;
+      }
+      if (end - p >= 64 || have == size) break;
+      if (!more()) {
+        if (feed) sink->End(false);
+        return ended();
+      }
+    }
+  }
+#endif
+  if (!whole()) {
+    if (feed) sink->End(false);
+    return ended();
+  }
+  const char* const end = data + size;
+  if (closed == nullptr) {
+    closed = started ? ReadIntElements<true>(p, end, data, max_items, &tokens, feed_to)
+                     : ReadIntList<true>(p, end, data, max_items, &tokens, feed_to);
+  }
+  if (tokens.data() != storage) std::abort();  // the reservation above makes this impossible
+  bool read = closed != nullptr;
+  if (read) {
+    // The members after the list: none (the head's parse stands: the same text), or parsed
+    // with the head.
+    if (end - closed != 1 || *closed != '}') {
+      read = NoSecondList(closed, end, {"token_ids"});
+      rest.resize(head_bytes);
+      rest.append("[]");
+      rest.append(closed, end);
+      if (read) head = ParseRouterQueryDom(rest, false, max_items);
+    }
+  }
+  if (feed) {
+    const bool same =
+        read && head.ok() && head->block_size == begun_block_size && head->lora_name == begun_lora;
+    if (same) sink->Tokens(tokens.data(), tokens.size());
+    sink->End(same);
+  }
+  if (!read) return ParseRouterQueryDom(std::string_view(data, size), false, max_items);
   if (head.ok()) head->token_ids = std::move(tokens);
   return head;
 }

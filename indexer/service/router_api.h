@@ -33,6 +33,8 @@
 
 namespace kvo {
 
+class ArrivingBody;  // http/http_server.h
+
 // The publisher kinds of the API's "type". kvo decodes vLLM's event wire format; SGLang
 // publishes the same format. Mooncake's own store events are not decoded (refused).
 enum class EngineType { kVllm, kSglang };
@@ -120,6 +122,12 @@ class TokenSink {
 // longer than max_items is a 400 (checked on the text before the DOM is built). `sink` (optional,
 // /query only): fed the token ids as they are read.
 Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items,
+                                     TokenSink* sink = nullptr);
+// /query on a body still arriving (HttpServerOptions::arriving_paths): the same answer as the
+// above on the whole body, but the members before "token_ids" are read (and the sink begun) from
+// its first piece and the list's compact ids as each piece lands, so the parse ends with the
+// transfer. A body that never completes: InvalidArgument (the server drops the answer).
+Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items,
                                      TokenSink* sink = nullptr);
 // The same without the list scanner (the whole body through the JSON DOM): the reference the
 // scanner must agree with (router_api_test, router_query_fuzz).

@@ -59,6 +59,14 @@ Status IndexerService::Impl::RegisterMetrics() {
   KVO_ASSIGN_OR_RETURN(keys_on_helper, keys_family->WithLabels({"helper"}));
   KVO_ASSIGN_OR_RETURN(keys_in_walk, keys_family->WithLabels({"walk"}));
   KVO_ASSIGN_OR_RETURN(
+      auto* parse_family,
+      metrics.AddCounterFamily("kvo_indexer_query_parses",
+                               "POST /query bodies by when their token list was parsed: as the "
+                               "body arrived, or once it was complete",
+                               {"when"}));
+  KVO_ASSIGN_OR_RETURN(parsed_arriving, parse_family->WithLabels({"arriving"}));
+  KVO_ASSIGN_OR_RETURN(parsed_whole, parse_family->WithLabels({"whole"}));
+  KVO_ASSIGN_OR_RETURN(
       helper_start,
       metrics.AddHistogram("kvo_indexer_query_helper_start_seconds",
                            "POST /query: from the key helper's job posted to the helper starting "
@@ -663,6 +671,9 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     ho.address = address;
     // A 128k-token /query is ~0.9 MB: a worker follows its body while it arrives (http_server.h).
     if (options.follow_query_bodies) ho.early_paths = {"/query", "/query_by_hash", "/v1/score"};
+    if (options.follow_query_bodies && options.parse_arriving_queries) {
+      ho.arriving_paths = {"/query"};
+    }
     IndexerService* svc = service.get();
     auto http = HttpServer::Start(ho, [svc](const HttpRequest& r) { return svc->Handle(r); });
     if (!http.ok()) {
@@ -706,6 +717,16 @@ void IndexerService::Stop() {
 int IndexerService::http_port() const { return impl_->http ? impl_->http->port() : 0; }
 
 HttpResponse IndexerService::Handle(const HttpRequest& r) {
+  if (r.arriving != nullptr && r.path != "/query") {
+    // A body still arriving on a route that reads it whole (only /query is set up to arrive).
+    const std::optional<std::string_view> body = WholeBody(r);
+    if (!body) {
+      return HttpResponse{400, "application/json",
+                          RenderError("the body ended before its Content-Length")};
+    }
+    HttpRequest whole{r.method, r.path, std::string(*body)};
+    return Handle(whole);
+  }
   auto method_not_allowed = [&](const char* allowed) {
     return HttpResponse{405, "application/json",
                         RenderError(r.method + " " + r.path + ": use " + allowed)};

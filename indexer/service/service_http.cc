@@ -342,7 +342,10 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
   // /query: the content keys hashed on the helper while the token list is read (when it is free).
   std::unique_ptr<KeyHelper::Lease> keys =
       !by_hash && key_helper != nullptr ? key_helper->TryLease() : nullptr;
-  auto q = ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys.get());
+  const bool arriving = r.arriving != nullptr && !by_hash;
+  if (!by_hash) (arriving ? parsed_arriving : parsed_whole)->Increment();
+  auto q = arriving ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys.get())
+                    : ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys.get());
   if (!q.ok()) {
     score_bad->Increment();
     return JsonError(400, std::string(q.status().message()));

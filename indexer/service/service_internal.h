@@ -169,6 +169,9 @@ struct IndexerService::Impl {
   // /query's content keys: hashed on the helper while the body was parsed, or by the walk.
   Counter* keys_on_helper = nullptr;
   Counter* keys_in_walk = nullptr;
+  // /query bodies parsed as they arrived (HttpServerOptions::arriving_paths) or once complete.
+  Counter* parsed_arriving = nullptr;
+  Counter* parsed_whole = nullptr;
   Histogram* helper_start = nullptr;
   Histogram* helper_wait = nullptr;
   Counter* score_bad = nullptr;

@@ -27,6 +27,7 @@
 #include "events/zmq_subscriber.h"
 #include "indexer/service/service.h"
 #include "tests/indexer/service_test_util.h"
+#include "tests/testing/raw_http.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -319,6 +320,93 @@ TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
   // Nothing registered was lost.
   EXPECT_EQ(Ok(Call(*svc, "GET", "/workers"))["workers"].size(), 1u);
   svc->Stop();
+}
+
+// Large /query bodies over real HTTP, where the handler parses the token list while the body
+// arrives (ServiceOptions::parse_arriving_queries): sent in random pieces, with the members in
+// random order (block_size and lora_name before or after the list), compact or spaced lists, and
+// now and then a bad field after the list; each answer equals the handler's on the whole body.
+// Then a client that goes away mid-body, and the next query still answered. Seed printed.
+TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
+  Publisher r0 = MakePublisher(dir_.path() + "/j0");
+  ASSERT_TRUE(r0.pub);
+  ASSERT_TRUE(r0.pub->Publish(Store(2, kMediumGpu, 0)).ok());
+  ASSERT_TRUE(r0.pub->Publish(Store(3, kMediumCpu, 0)).ok());
+  ASSERT_TRUE(r0.pub->Publish(Store(4, "STORAGE", 0)).ok());
+  r0.pub->Flush();
+  ServiceOptions o;
+  o.parse_arriving_queries = true;
+  auto started = IndexerService::Start(Config(), o);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  IndexerService& svc = **started;
+  ASSERT_EQ(Call(svc, "POST", "/register", RegisterBody(r0.endpoint, r0.replay, 0)).status, 200);
+  ASSERT_TRUE(Eventually([&] {
+    return Ok(Call(svc, "POST", "/query",
+                   QueryBody(6)))["default"]["vllm-prefill-node1"]["longest_matched"] == 4 * kBs;
+  }));
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  testing::RawHttpConn c(svc.http_port());
+  int matched = 0;
+  for (int round = 0; round < 30; ++round) {
+    // The stored prefix, then random tokens: 20-90k tokens, 100-600 kB of text.
+    std::vector<int64_t> tokens = Tokens(static_cast<int64_t>(rng() % 6));
+    const size_t n = 20000 + rng() % 70000;
+    while (tokens.size() < n) tokens.push_back(static_cast<int64_t>(rng() % 150000));
+    const bool spaced = rng() % 4 == 0;
+    std::string list = "[";
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      list += (i == 0 ? "" : spaced ? ", " : ",") + std::to_string(tokens[i]);
+    }
+    list += "]";
+    std::vector<std::string> members = {
+        R"("model": "deepseek")",
+        R"("token_ids": )" + list,
+        R"("block_size": 128)",
+        R"("lora_name": "sql-adapter")",
+        R"("cache_salt": "w8a8")",
+        rng() % 8 == 0 ? R"("instance_id": 5)" : R"("tenant_id": "default")"};
+    std::shuffle(members.begin(), members.end(), rng);
+    std::string body = "{";
+    for (size_t i = 0; i < members.size(); ++i) body += (i ? ", " : "") + members[i];
+    body += "}";
+    const HttpResponse want = Call(svc, "POST", "/query", body);
+    ASSERT_TRUE(c.Send("POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n"));
+    for (size_t off = 0; off < body.size();) {
+      const size_t piece = std::min<size_t>(body.size() - off, 1 + rng() % (96u << 10));
+      ASSERT_TRUE(c.Send(body.substr(off, piece)));
+      off += piece;
+    }
+    const auto got = c.Read(10000);
+    ASSERT_EQ(got.status, want.status) << "round " << round << ": " << got.body.substr(0, 200);
+    ASSERT_EQ(Json::parse(got.body), Json::parse(want.body)) << "round " << round;
+    if (want.status == 200) {
+      matched += Json::parse(want.body)["default"]["vllm-prefill-node1"]["longest_matched"] > 0;
+    }
+  }
+  EXPECT_GT(matched, 0);
+  const std::string metrics = Call(svc, "GET", "/metrics").body;
+  const std::string line = R"(kvo_indexer_query_parses_total{when="arriving"} )";
+  const size_t at = metrics.find(line);
+  ASSERT_NE(at, std::string::npos) << metrics;
+  EXPECT_GT(std::atoll(metrics.c_str() + at + line.size()), 0)
+      << "no body was parsed as it arrived: the arriving path went untested";
+  // Gone mid-body, then the next query on a new connection.
+  {
+    testing::RawHttpConn gone(svc.http_port());
+    ASSERT_TRUE(
+        gone.Send("POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" +
+                  std::string(R"({"model": "deepseek", "block_size": 128, "token_ids": [1)") +
+                  std::string(200000, '1')));
+  }
+  testing::RawHttpConn next(svc.http_port());
+  ASSERT_TRUE(next.Send(testing::RawPost("/query", QueryBody(6))));
+  const auto r = next.Read(10000);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["default"]["vllm-prefill-node1"]["longest_matched"], 4 * kBs);
+  svc.Stop();
 }
 
 // The index's word-parallel tiered walk (Indexer::Tiered, what /query uses) equals the plain
