@@ -1152,18 +1152,22 @@ Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items
     return Result<RouterQuery>(Status::InvalidArgument("the body ended before its Content-Length"));
   };
   if (!more()) return ended();
-  // The members before the list, scanned again as more arrives. No list in the first
+  // The members before the list, scanned again each time the bytes in place have doubled (a
+  // sender of one byte at a time costs no more than two scans of the head). No list in the first
   // kArrivingHead bytes (or a head the scanner leaves to the DOM): the body is read whole first.
   constexpr size_t kArrivingHead = 64u << 10;
   const char* open = nullptr;
-  for (;;) {
-    const char* p = data;
-    const char* const end = data + have;
-    SkipWs(p, end);
-    if (p < end && *p != '{') break;
-    const Members m = p < end ? ScanMembers(++p, end, {"token_ids"}) : Members::kFail;
-    if (m == Members::kList) open = p;
-    if (m != Members::kFail || have == size || have >= kArrivingHead) break;
+  for (size_t scan_at = 0;;) {
+    if (have >= scan_at || have == size) {
+      const char* p = data;
+      const char* const end = data + have;
+      SkipWs(p, end);
+      if (p < end && *p != '{') break;
+      const Members m = p < end ? ScanMembers(++p, end, {"token_ids"}) : Members::kFail;
+      if (m == Members::kList) open = p;
+      if (m != Members::kFail || have == size || have >= kArrivingHead) break;
+      scan_at = 2 * have;
+    }
     if (!more()) return ended();
   }
   if (open == nullptr) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -293,6 +294,25 @@ TEST(ArrivingQueryTest, ABodyThatStopsArrivingIsAnErrorAndEndsTheSink) {
       EXPECT_FALSE(sink.ok);
     }
   }
+}
+
+// A sender of one byte at a time before a long head (a 60 KiB member before the list) costs a
+// few scans of the head, not one per byte (that was 60 000 scans of up to 60 KiB: seconds).
+TEST(ArrivingQueryTest, OneByteAtATimeDoesNotRescanTheHeadPerByte) {
+  std::string body = R"({"model": "m", "note": ")" + std::string(60000, 'n') +
+                     R"(", "block_size": 16, "token_ids": [)";
+  for (int i = 0; i < 20000; ++i) body += (i ? "," : "") + std::to_string(i % 1000);
+  body += "]}";
+  std::vector<size_t> cuts;
+  for (size_t at = 1; at < 70000; ++at) cuts.push_back(at);
+  PiecewiseBody arriving(body, cuts, /*threaded=*/false, std::nullopt);
+  const auto start = std::chrono::steady_clock::now();
+  const Result<RouterQuery> got = ParseRouterQuery(arriving, 1 << 20);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ExpectSameQuery(got, ParseRouterQuery(body, false, 1 << 20), body);
+  EXPECT_GE(arriving.waits(), 60000);  // it did wait byte by byte
+  EXPECT_LT(seconds, 1.0) << "the head was rescanned per byte";
 }
 
 // The key helper fed while a 128k-token list arrives in 128 KiB pieces (the server's) gives the
