@@ -691,6 +691,7 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
         p = w + o;
         return true;
       }
+      o += w[o] == ' ' ? 1 : 0;  // Python's json.dumps writes ", " (o <= 57: in the window)
     }
     p = w + o;
   }
