@@ -307,6 +307,7 @@ struct ByteMasks {
   uint64_t comma = 0;
   uint64_t close = 0;  // ']'
   uint64_t zero = 0;   // '0'
+  uint64_t space = 0;  // ' ' (filled only for the spaced plan)
 };
 inline ByteMasks Masks64(const char* p) {
   ByteMasks m;
@@ -325,6 +326,18 @@ inline ByteMasks Masks64(const char* p) {
     m.zero |= bits(_mm_cmpeq_epi8(d, _mm_setzero_si128())) << shift;
   }
   return m;
+}
+// The spaces of the 64 bytes at p (only for a window the compact plan refused).
+inline uint64_t SpaceMask64(const char* p) {
+  uint64_t space = 0;
+  for (int k = 0; k < 4; ++k) {
+    const __m128i x =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + static_cast<ptrdiff_t>(16 * k)));
+    space |= static_cast<uint64_t>(
+                 static_cast<uint16_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(x, _mm_set1_epi8(' ')))))
+             << (16 * k);
+  }
+  return space;
 }
 
 // The element of 1-7 digits at w[start, pos) as the 8 ASCII digits EightDigits reads ('0's in
@@ -390,12 +403,13 @@ void ConvertFormsAvx2(uint64_t* forms, size_t k, T* dst) {
 
 // What a 64-byte window holds when it is nothing but compact elements: every element that ends
 // in it (up to its last separator, or its first ']') is 1 to kMaxDigits digits (7: token ids; 20:
-// 64-bit hashes) without a leading zero, each followed by ',' (or the closing ']'). All of that is
-// checked on the masks; false for any window that is not so (the per-element loop takes it).
+// 64-bit hashes) without a leading zero, each followed by ',' (or the closing ']'), and a comma
+// by at most one space (Python's json.dumps writes ", "). All of that is checked on the masks;
+// false for any window that is not so (the per-element loop takes it).
 struct WindowPlan {
   uint64_t seps = 0;    // each element's separator, bit per byte
   uint64_t starts = 0;  // each element's first digit
-  size_t next = 0;      // the offset past the last separator
+  size_t next = 0;      // the offset past the last separator (and its space)
   bool closed = false;  // the last separator is the list's ']'
 };
 // Bit i: a run of more than kMaxDigits digits starts at i (`digits`: bit i for a digit at i).
@@ -413,28 +427,32 @@ inline uint64_t LongRuns(uint64_t digits) {
   }
 }
 
-template <int kMaxDigits = 7>
+// kSpaced: the plan for a window the compact one refused that has spaces (the compact lists'
+// plan is unchanged by them: they never pay for the spaces).
+template <int kMaxDigits = 7, bool kSpaced = false>
 inline bool PlanWindow(const ByteMasks& m, WindowPlan* plan) {
-  uint64_t range;  // bits [0, the last separator]
+  const uint64_t spaced = kSpaced ? m.space & (m.comma << 1) : 0;
+  const uint64_t non_digit = m.non_digit & ~spaced;  // separators, and what refuses the window
+  uint64_t range;  // bits [0, the last separator (or the space after it)]
   uint64_t commas_wanted;
   int last;
   if (m.close != 0) {
     last = std::countr_zero(m.close);
     range = last == 63 ? ~uint64_t{0} : (uint64_t{2} << last) - 1;
-    commas_wanted = m.non_digit & range & ~(uint64_t{1} << last);
+    commas_wanted = non_digit & range & ~(uint64_t{1} << last);
     plan->closed = true;
   } else {
     if (m.non_digit == 0) return false;
     last = 63 - std::countl_zero(m.non_digit);
     range = last == 63 ? ~uint64_t{0} : (uint64_t{2} << last) - 1;
-    commas_wanted = m.non_digit & range;
+    commas_wanted = non_digit & range;
     plan->closed = false;
   }
-  const uint64_t seps = m.non_digit & range;
+  const uint64_t seps = non_digit & range;
   const uint64_t digits = ~m.non_digit & range;
-  const uint64_t starts = ((seps << 1) | 1) & range;
+  const uint64_t starts = ((((seps << 1) | 1) & ~spaced) | (spaced << 1)) & range;
   if ((m.comma & range) != commas_wanted ||      // a non-digit other than ',' (and the final ']')
-      (seps & ((seps << 1) | 1)) != 0 ||         // an empty element (or a non-digit at w)
+      (starts & seps) != 0 ||                    // an empty element (or a non-digit at w)
       LongRuns<kMaxDigits>(digits) != 0 ||       // more digits than an element may have
       (starts & m.zero & (digits >> 1)) != 0) {  // a leading zero
     return false;
@@ -451,29 +469,36 @@ inline bool PlanWindow(const ByteMasks& m, WindowPlan* plan) {
 // REQUIRES: the 7 bytes before w are readable (readable_from <= w - 7).
 // `dst`: room for 35 elements (32 and the AVX2 rounding); `limit`: how many more the item limit
 // allows; *count: how many were read.
-template <typename T>
+template <typename T, bool kSpaced = false>
 bool WholeWindow(const char* w, const ByteMasks& m, T* dst, size_t limit, size_t* count,
                  const char** p, bool* closed) {
   WindowPlan plan;
-  if (!PlanWindow(m, &plan) || static_cast<size_t>(std::popcount(plan.seps)) > limit) {
+  if (!PlanWindow<7, kSpaced>(m, &plan) || static_cast<size_t>(std::popcount(plan.seps)) > limit) {
     return false;  // (over the limit: the per-element loop stops at the right element)
   }
   size_t k = 0;
   size_t start = 0;
+  uint64_t starts = plan.starts;
+  // The next element's first digit: past the separator, or (spaced) the next start bit.
+  const auto next_start = [&](size_t pos) -> size_t {
+    if constexpr (!kSpaced) return pos + 1;
+    starts &= starts - 1;
+    return starts == 0 ? 64 : static_cast<size_t>(std::countr_zero(starts));
+  };
   if (g_token_scan != TokenScan::kPortable) {
     // The elements' 8-byte forms first (each its own load), then four at a time converted.
     alignas(32) uint64_t forms[32 + 3];
     for (uint64_t s = plan.seps; s != 0; s &= s - 1) {
       const size_t pos = static_cast<size_t>(std::countr_zero(s));
       forms[k++] = PaddedForm(w, start, pos);
-      start = pos + 1;
+      start = next_start(pos);
     }
     ConvertFormsAvx2(forms, k, dst);
   } else {
     for (uint64_t s = plan.seps; s != 0; s &= s - 1) {
       const size_t pos = static_cast<size_t>(std::countr_zero(s));
       dst[k++] = static_cast<T>(EightDigits(PaddedForm(w, start, pos)));
-      start = pos + 1;
+      start = next_start(pos);
     }
   }
   *count = k;
@@ -546,6 +571,7 @@ KVO_AVX512_TARGET WindowStop AVX512WholeWindows(const char** p, const char* end,
   size_t n = 0;
   const char* w = *p;
   WindowStop stop = WindowStop::kEnd;
+  bool spaced_list = false;
   while (end - w >= 64) {
     if (room - n < 32) {
       stop = WindowStop::kFull;
@@ -558,9 +584,16 @@ KVO_AVX512_TARGET WindowStop AVX512WholeWindows(const char** p, const char* end,
     m.comma = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(','));
     m.close = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(']'));
     m.zero = _mm512_cmpeq_epi8_mask(d, _mm512_setzero_si512());
+    // The compact plan, and the spaced one for a window it refuses that has spaces; once a
+    // window was spaced, the spaced plan first (it takes compact windows too).
     WindowPlan plan;
-    if (!PlanWindow<kMaxDigits>(m, &plan) ||
-        static_cast<size_t>(std::popcount(plan.seps)) > limit - n) {
+    bool planned = !spaced_list && PlanWindow<kMaxDigits>(m, &plan);
+    if (!planned) {
+      m.space = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(' '));
+      planned = (spaced_list || m.space != 0) && PlanWindow<kMaxDigits, true>(m, &plan);
+      spaced_list = planned;
+    }
+    if (!planned || static_cast<size_t>(std::popcount(plan.seps)) > limit - n) {
       stop = WindowStop::kRefused;
       break;
     }
@@ -623,6 +656,7 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
   constexpr size_t kBuf = 1024;
   T buf[kBuf + 3];  // + the AVX2 conversion's rounding to four
   size_t k = 0;
+  bool spaced_list = false;  // the last window was spaced (", ")
   const auto flush = [&] {
     out->insert(out->end(), buf, buf + k);
     k = 0;
@@ -655,8 +689,20 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
       bool closed = false;
       size_t count = 0;
       const size_t used = out->size() + k;
-      if (w - readable_from >= 7 &&
-          WholeWindow(w, masks, buf + k, max_n > used ? max_n - used : 0, &count, &p, &closed)) {
+      // The compact plan, and the spaced one for a window it refuses that has spaces; once a
+      // window was spaced, the spaced plan first (it takes compact windows too).
+      const size_t room = max_n > used ? max_n - used : 0;
+      const bool readable = w - readable_from >= 7;
+      bool whole =
+          readable && !spaced_list && WholeWindow(w, masks, buf + k, room, &count, &p, &closed);
+      if (!whole && readable) {
+        ByteMasks with_spaces = masks;
+        with_spaces.space = SpaceMask64(w);
+        whole = (spaced_list || with_spaces.space != 0) &&
+                WholeWindow<T, true>(w, with_spaces, buf + k, room, &count, &p, &closed);
+        spaced_list = whole;
+      }
+      if (whole) {
         k += count;
         if (closed) {
           flush();

@@ -727,14 +727,15 @@ std::string RandomDigits(Rng& rng, int digits) {
 template <typename Rng>
 std::pair<std::string, int64_t> CompactListBody(Rng& rng, std::vector<std::string> elems,
                                                 const std::vector<std::string>& defects,
-                                                bool defect, const char* key) {
+                                                bool defect, const char* key,
+                                                const std::string& sep = ",") {
   if (defect) {
     std::string& e = elems[rng() % elems.size()];
     const std::string& d = defects[rng() % defects.size()];
     e.insert(rng() % (e.size() + 1), d);
   }
   std::string list = "[";
-  for (size_t i = 0; i < elems.size(); ++i) list += (i ? "," : "") + elems[i];
+  for (size_t i = 0; i < elems.size(); ++i) list += (i ? sep : "") + elems[i];
   if (rng() % 20 != 0) list += "]";
   const auto n = static_cast<int64_t>(elems.size());
   const int64_t max_items = rng() % 3 == 0 ? n - 1 + static_cast<int64_t>(rng() % 3) : 1000;
@@ -796,6 +797,37 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
         CompactListBody(rng, elems, defects, rng() % 4 != 0, "token_ids");
     bool ok = false;
     ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, false, max_items, best, &ok));
+    ++(ok ? accepted : refused);
+  }
+  SetTokenScan(TokenScan::kAvx512);
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(refused, 50);
+}
+
+// Lists as Python's json.dumps writes them (", " between elements) take the spaced window plan:
+// with one defect each at every offset (a second space, a space before the comma or inside a
+// number, a tab, a sign, ...) and item limits around the count, token ids and hashes: each scan
+// level answers exactly what the reference parser answers. Seed printed.
+TEST(RouterQueryParseTest, SpacedWindowsAgreeWithTheReferenceAroundEveryDefect) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const TokenScan best = SetTokenScan(TokenScan::kAvx512);
+  std::mt19937 rng(seed);
+  const std::vector<std::string> defects = {" ", "  ", ", ", " ,", "\t", "\n", "-", "0",
+                                            "12345678", ".5", "]", "", ",", "x"};
+  int accepted = 0;
+  int refused = 0;
+  for (int round = 0; round < 600; ++round) {
+    const bool by_hash = round % 3 == 0;
+    const int n = 1 + static_cast<int>(rng() % 300);
+    std::vector<std::string> elems;
+    for (int i = 0; i < n; ++i) {
+      elems.push_back(RandomDigits(rng, 1 + static_cast<int>(rng() % (by_hash ? 19 : 7))));
+    }
+    const auto [body, max_items] = CompactListBody(rng, elems, defects, rng() % 3 != 0,
+                                                   by_hash ? "seq_hashes" : "token_ids", ", ");
+    bool ok = false;
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, by_hash, max_items, best, &ok));
     ++(ok ? accepted : refused);
   }
   SetTokenScan(TokenScan::kAvx512);
