@@ -813,8 +813,8 @@ TEST(RouterQueryParseTest, SpacedWindowsAgreeWithTheReferenceAroundEveryDefect) 
   SCOPED_TRACE("seed " + std::to_string(seed));
   const TokenScan best = SetTokenScan(TokenScan::kAvx512);
   std::mt19937 rng(seed);
-  const std::vector<std::string> defects = {" ", "  ", ", ", " ,", "\t", "\n", "-", "0",
-                                            "12345678", ".5", "]", "", ",", "x"};
+  const std::vector<std::string> defects = {" ", "  ",       ", ", " ,", "\t", "\n", "-",
+                                            "0", "12345678", ".5", "]",  "",   ",",  "x"};
   int accepted = 0;
   int refused = 0;
   for (int round = 0; round < 600; ++round) {
