@@ -538,6 +538,15 @@ int RouterApiCase(const BenchOptions& o) {
   so.follow_query_bodies = std::getenv("KVO_BENCH_NO_FOLLOW") == nullptr;
   // KVO_BENCH_NO_ARRIVING=1: a followed /query body is parsed once complete (the comparison run).
   so.parse_arriving_queries = std::getenv("KVO_BENCH_NO_ARRIVING") == nullptr;
+  // KVO_BENCH_TOKEN_SCAN=N: the token scanner at level N or the best below it (TokenScan: 0
+  // portable, 1 AVX2, 2 AVX-512 element-aligned windows, 3 AVX-512 at a fixed stride).
+  const char* scan_level = std::getenv("KVO_BENCH_TOKEN_SCAN");
+  const TokenScan best_scan = SetTokenScan(TokenScan::kAvx512Stride);
+  const TokenScan scan =
+      scan_level == nullptr
+          ? best_scan
+          : std::min(best_scan, static_cast<TokenScan>(std::clamp(std::atoi(scan_level), 0, 3)));
+  SetTokenScan(scan);
   auto started = IndexerService::Start(cfg, so);
   if (!started.ok()) {
     std::fprintf(stderr, "router bench: %s\n", started.status().ToString().c_str());
@@ -693,7 +702,7 @@ int RouterApiCase(const BenchOptions& o) {
   };
   const double helper_start_us = mean_us("kvo_indexer_query_helper_start_seconds");
   const double helper_wait_us = mean_us("kvo_indexer_query_helper_wait_seconds");
-  char notes[1300];
+  char notes[1400];
   for (int k = 0; k < 2; ++k) {
     const bool tokens = k == 1;
     for (double p : {50.0, 99.0}) {
@@ -710,12 +719,12 @@ int RouterApiCase(const BenchOptions& o) {
           notes, sizeof notes,
           "POST %s over loopback keep-alive HTTP, request body %zu bytes, parse + scope "
           "+ walk + render; the handler alone (no socket) %.0f us, of which the body's "
-          "parse %.0f us%s; the transport alone (same body, a 404 path) %.0f us; %s; "
-          "%s%lld wrong answers; lower is better%s",
+          "parse %.0f us%s (token scan level %d); the transport alone (same body, a 404 path) "
+          "%.0f us; %s; %s%lld wrong answers; lower is better%s",
           tokens ? "/query" : "/query_by_hash", (tokens ? body_tokens : body_hash).size(),
           Percentile(tokens ? t_handler : h_handler, p), Percentile(tokens ? t_parse : h_parse, p),
           tokens ? SpacedNote(body_spaced.size(), Percentile(t_parse_spaced, p)).c_str() : "",
-          Percentile(tokens ? t_transport : h_transport, p),
+          static_cast<int>(scan), Percentile(tokens ? t_transport : h_transport, p),
           !so.follow_query_bodies               ? "the body read whole before a worker takes it"
           : tokens && so.parse_arriving_queries ? "the token list parsed as the body arrives"
                                                 : "the body followed by a worker as it arrives",

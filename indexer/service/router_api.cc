@@ -358,7 +358,7 @@ TokenScan BestTokenScan() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi") &&
       __builtin_cpu_supports("avx512vbmi2")) {
-    return TokenScan::kAvx512;
+    return TokenScan::kAvx512Stride;
   }
   if (__builtin_cpu_supports("avx2")) return TokenScan::kAvx2;
 #endif
@@ -639,6 +639,89 @@ KVO_AVX512_TARGET WindowStop AVX512WholeWindows(const char** p, const char* end,
   *count = n;
   return stop;
 }
+
+// AVX512WholeWindows for compact token ids (TokenScan::kAvx512Stride), at a fixed stride: each
+// step loads the 64 bytes from 8 before `b` and takes the elements whose separator is in its last
+// 56 (an element of 1-7 digits starts at most 7 bytes before its separator, so all of it is in
+// the register), then b += 56. The next load's address does not wait on this window's masks (the
+// element-aligned windows above start at the last separator found: a chain of load, compare,
+// mask, leading-zero count per window), so consecutive windows overlap in the core. Each element's
+// checks are those of PlanWindow<7>: digits only, no leading zero, 1-7 digits, ',' after each, the
+// first ']' ends the list. Stops as AVX512WholeWindows does, *p at an element's first digit
+// (kRefused: the first element of the window it cannot take; no spaced form: those windows go to
+// AVX512WholeWindows). REQUIRES: *p at an element's first byte, the 8 bytes before it readable.
+template <typename T>
+KVO_AVX512_TARGET WindowStop AVX512StrideWindows(const char** p, const char* end, T* dst,
+                                                 size_t room, size_t limit, size_t* count) {
+  static_assert(sizeof(T) == 8);
+  alignas(64) static constexpr uint8_t kIota[64] = {
+      0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+      22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+      44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+  constexpr size_t kStride = 56;
+  constexpr uint64_t kOwn = ~uint64_t{0xFF};  // the bytes whose separators a step takes
+  const __m512i iota = _mm512_load_si512(kIota);
+  const __m512i lane_of = _mm512_srli_epi16(_mm512_and_si512(iota, _mm512_set1_epi8(0x38)), 3);
+  const __m512i ascii0 = _mm512_set1_epi8('0');
+  size_t n = 0;
+  const char* elem = *p;  // the first element not yet taken
+  const char* b = *p;     // the first byte of this step's 56
+  WindowStop stop = WindowStop::kEnd;
+  while (end - (b - 8) >= 64) {
+    if (room - n < 32) {
+      stop = WindowStop::kFull;
+      break;
+    }
+    const char* const r = b - 8;  // the register's first byte
+    const __m512i x = _mm512_loadu_si512(r);
+    const __m512i d = _mm512_sub_epi8(x, ascii0);
+    const uint64_t digit = _mm512_cmple_epu8_mask(d, _mm512_set1_epi8(9));
+    const uint64_t comma = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(','));
+    const uint64_t close = _mm512_cmpeq_epi8_mask(x, _mm512_set1_epi8(']')) & kOwn;
+    const uint64_t zero = _mm512_cmpeq_epi8_mask(d, _mm512_setzero_si512());
+    // [the first element's first digit, the first ']' (or the register's end)]
+    // (elem: just past the last separator taken, 0-8 bytes into the register after a step taken
+    // whole; before it when that step's last 8+ bytes were digits, refused below.)
+    const size_t from = static_cast<size_t>(elem - r);
+    const uint64_t at_elem = from < 64 ? uint64_t{1} << from : 0;
+    const uint64_t first_close = close & (~close + 1);
+    const uint64_t upto = close != 0 ? (first_close << 1) - 1 : ~uint64_t{0};
+    const uint64_t range = upto & ~(at_elem - 1);
+    const uint64_t seps = ~digit & range & kOwn;
+    // Each element's first digit (elem's is one: a separator, or what precedes the list, is
+    // before it, perhaps in the byte before the register).
+    const uint64_t starts = ((~digit << 1) | at_elem) & digit & range;
+    const uint64_t last_sep = seps == 0 ? 0 : uint64_t{1} << (63 - std::countl_zero(seps));
+    const uint64_t taken = starts & (last_sep - 1);  // the first digits of the elements taken
+    const size_t elements = static_cast<size_t>(std::popcount(seps));
+    if (seps == 0 ||                                // no separator in 56 bytes
+        (starts & at_elem) == 0 ||                  // elem not at a digit (or before the register)
+        (seps & ~comma & ~first_close) != 0 ||      // a non-digit other than ',' or the ']'
+        (seps & (~digit << 1)) != 0 ||              // an empty element
+        ((LongRuns<7>(digit) << 8) & seps) != 0 ||  // 8 digits before a separator
+        (taken & zero & (digit >> 1)) != 0 ||       // a leading zero
+        static_cast<size_t>(std::popcount(taken)) != elements || elements > limit - n) {
+      stop = WindowStop::kRefused;
+      break;
+    }
+    const __m512i pos = _mm512_maskz_compress_epi8(seps, iota);
+    const __m512i first = _mm512_maskz_compress_epi8(taken, iota);
+    for (size_t g = 0; g < elements; g += 8) {
+      const __m512i sel = _mm512_add_epi8(lane_of, _mm512_set1_epi8(static_cast<char>(g)));
+      _mm512_storeu_si512(dst + n + g, EightDigitsBefore(x, pos, first, sel, 0));
+    }
+    n += elements;
+    elem = r + (63 - std::countl_zero(seps)) + 1;
+    if ((seps & first_close) != 0) {
+      stop = WindowStop::kClosed;
+      break;
+    }
+    b += kStride;
+  }
+  *p = elem;
+  *count = n;
+  return stop;
+}
 #endif
 
 // Token ids in the compact form nlohmann and Python's json.dumps(separators) write, "12,345,6":
@@ -666,12 +749,23 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
   };
   while (end - p >= 64) {
 #if defined(KVO_AVX512_SCAN)
-    if (g_token_scan == TokenScan::kAvx512) {
-      const size_t used = out->size() + k;
+    if (g_token_scan >= TokenScan::kAvx512) {
+      size_t used = out->size() + k;
       size_t count = 0;
-      const WindowStop stop =
-          AVX512WholeWindows(&p, end, buf + k, kBuf - k, max_n > used ? max_n - used : 0, &count);
-      k += count;
+      WindowStop stop = WindowStop::kRefused;
+      if (g_token_scan == TokenScan::kAvx512Stride && p - readable_from >= 8) {
+        stop = AVX512StrideWindows(&p, end, buf + k, kBuf - k, max_n > used ? max_n - used : 0,
+                                   &count);
+        k += count;
+        used += count;
+      }
+      // What the stride leaves (a spaced window, a defect, the body's last bytes): the
+      // element-aligned windows.
+      if (stop == WindowStop::kRefused || stop == WindowStop::kEnd) {
+        stop =
+            AVX512WholeWindows(&p, end, buf + k, kBuf - k, max_n > used ? max_n - used : 0, &count);
+        k += count;
+      }
       if (stop == WindowStop::kClosed) {
         flush();
         return true;
@@ -685,7 +779,7 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
 #endif
     const char* const w = p;
     const ByteMasks masks = Masks64(w);
-    if (g_token_scan != TokenScan::kAvx512) {
+    if (g_token_scan < TokenScan::kAvx512) {
       bool closed = false;
       size_t count = 0;
       const size_t used = out->size() + k;
@@ -802,7 +896,7 @@ const char* ReadIntElements(const char* p, const char* end, const char* readable
 #if defined(KVO_AVX512_SCAN)
     if constexpr (!kSigned && std::is_same_v<T, uint64_t> &&
                   std::endian::native == std::endian::little) {
-      if (g_token_scan == TokenScan::kAvx512 && one_by_one-- <= 0) {
+      if (g_token_scan >= TokenScan::kAvx512 && one_by_one-- <= 0) {
         if (FastHashRun(p, end, max_n, out)) return p;
         one_by_one = 8;
       }

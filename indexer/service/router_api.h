@@ -135,8 +135,9 @@ Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_has
                                               int64_t max_items);
 // How the token scanner converts whole 64-byte windows of compact token ids: the best the CPU
 // has, checked at run time (AVX-512 VBMI2: the window in registers; AVX2: four elements at a
-// time; else the portable code).
-enum class TokenScan { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+// time; else the portable code; kAvx512Stride: AVX-512 windows at a fixed stride, so that one
+// window's load does not wait on the last one's masks).
+enum class TokenScan { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Stride = 3 };
 // For tests and benchmarks: use `wanted` or the best the CPU has below it; returns the best the
 // CPU has. Not for concurrent use with parsing.
 TokenScan SetTokenScan(TokenScan wanted);

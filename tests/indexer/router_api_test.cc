@@ -766,21 +766,26 @@ void ExpectEveryScanLevelAgrees(const std::string& body, bool by_hash, int64_t m
 
 // The scanner takes a 64-byte window of compact token ids whole when its masks say every element
 // in it is 1-7 digits with a ',' after it: long compact lists with one defect each (a sign, a
-// space, a leading zero, 8 digits, an empty element, a fraction, a letter, an early ']', a
-// missing ']') at every offset, and item limits just below, at and above the count, answer
-// exactly what the reference parser answers, with the portable conversion and with AVX2's.
+// space, a leading zero, 8, 24 or 60 digits, an empty element, a fraction, a letter, an early
+// ']', a missing ']') at every offset, and item limits just below, at and above the count, answer
+// exactly what the reference parser answers, with the portable conversion, AVX2's, AVX-512's
+// element-aligned windows and its fixed stride (each the CPU has).
 // Seed printed.
 TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const TokenScan best = SetTokenScan(TokenScan::kAvx512);
+  const TokenScan best = SetTokenScan(TokenScan::kAvx512Stride);
   std::printf(
-      "token scan: best on this CPU %d (0 portable, 1 AVX2, 2 AVX-512 VBMI2); each level "
-      "up to it checked\n",
+      "token scan: best on this CPU %d (0 portable, 1 AVX2, 2 AVX-512 VBMI2, 3 its fixed stride); "
+      "each level up to it checked\n",
       static_cast<int>(best));
   std::mt19937 rng(seed);
-  const std::vector<std::string> defects = {"-",  " ",  "0",   "12345678", ",", ".5", "x",  "]",
-                                            "\n", "\"", "1e3", "99999999", "",  "00", "-0", "\t"};
+  // (24 and 60 digits: a number that runs past the fixed stride's 8 bytes of look-back, and one
+  // with no separator in a whole stride.)
+  std::vector<std::string> defects = {"-",  " ",  "0",   "12345678", ",", ".5", "x",  "]",
+                                      "\n", "\"", "1e3", "99999999", "",  "00", "-0", "\t"};
+  defects.push_back("123456789012345678901234");
+  defects.push_back(std::string(60, '7'));
   int accepted = 0;
   int refused = 0;
   for (int round = 0; round < 600; ++round) {
@@ -799,7 +804,7 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
     ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, false, max_items, best, &ok));
     ++(ok ? accepted : refused);
   }
-  SetTokenScan(TokenScan::kAvx512);
+  SetTokenScan(TokenScan::kAvx512Stride);
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused, 50);
 }
@@ -811,7 +816,7 @@ TEST(RouterQueryParseTest, WholeWindowsAgreeWithTheReferenceAroundEveryDefect) {
 TEST(RouterQueryParseTest, SpacedWindowsAgreeWithTheReferenceAroundEveryDefect) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const TokenScan best = SetTokenScan(TokenScan::kAvx512);
+  const TokenScan best = SetTokenScan(TokenScan::kAvx512Stride);
   std::mt19937 rng(seed);
   const std::vector<std::string> defects = {" ", "  ",       ", ", " ,", "\t", "\n", "-",
                                             "0", "12345678", ".5", "]",  "",   ",",  "x"};
@@ -830,7 +835,7 @@ TEST(RouterQueryParseTest, SpacedWindowsAgreeWithTheReferenceAroundEveryDefect) 
     ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, by_hash, max_items, best, &ok));
     ++(ok ? accepted : refused);
   }
-  SetTokenScan(TokenScan::kAvx512);
+  SetTokenScan(TokenScan::kAvx512Stride);
   EXPECT_GT(accepted, 100);
   EXPECT_GT(refused, 50);
 }
@@ -845,7 +850,7 @@ TEST(RouterQueryParseTest, SpacedWindowsAgreeWithTheReferenceAroundEveryDefect) 
 TEST(RouterQueryParseTest, HashWindowsAgreeWithTheReferenceAroundEveryDefect) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  const TokenScan best = SetTokenScan(TokenScan::kAvx512);
+  const TokenScan best = SetTokenScan(TokenScan::kAvx512Stride);
   std::mt19937_64 rng(seed);
   const std::vector<std::string> edges = {
       "18446744073709551615", "18446744073709551616", "18446744073709551999",
@@ -879,7 +884,7 @@ TEST(RouterQueryParseTest, HashWindowsAgreeWithTheReferenceAroundEveryDefect) {
     ASSERT_NO_FATAL_FAILURE(ExpectEveryScanLevelAgrees(body, true, max_items, best, &ok));
     ++(ok ? accepted : refused);
   }
-  SetTokenScan(TokenScan::kAvx512);
+  SetTokenScan(TokenScan::kAvx512Stride);
   EXPECT_GT(accepted, 60);
   EXPECT_GT(refused, 50);
 }
