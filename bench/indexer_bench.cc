@@ -738,6 +738,39 @@ int RouterApiCase(const BenchOptions& o) {
       PrintResult(r, o);
     }
   }
+  // The token list's parse at the scan level in use against the level below it, alternated
+  // request by request in this run (the server idle: SetTokenScan is not for use while parsing).
+  if (scan > TokenScan::kPortable) {
+    const auto below = static_cast<TokenScan>(static_cast<int>(scan) - 1);
+    std::vector<double> at_level, at_below;
+    for (int i = 0; i < iters; ++i) {
+      for (const bool lower : {false, true}) {
+        SetTokenScan(lower ? below : scan);
+        const auto a = Clk::now();
+        auto q = ParseRouterQuery(body_tokens, false, cfg.max_query_tokens);
+        (lower ? at_below : at_level).push_back(Seconds(a, Clk::now()) * 1e6);
+        if (!q.ok() || q->token_ids != s.prompt) return 1;
+      }
+    }
+    SetTokenScan(scan);
+    for (double p : {50.0, 99.0}) {
+      BenchResult r;
+      r.area = "indexer";
+      r.name = std::string("router_query_128k_tokens_parse_") + (p == 50 ? "p50" : "p99");
+      r.unit = "us";
+      r.value = Percentile(at_level, p);
+      r.baseline_name = "the same parse one token scan level lower";
+      r.baseline = Percentile(at_below, p);
+      std::snprintf(notes, sizeof notes,
+                    "ParseRouterQuery of the /query body (%zu bytes, 131072 token ids) at token "
+                    "scan level %d against level %d (0 portable, 1 AVX2, 2 AVX-512 "
+                    "element-aligned windows, 3 AVX-512 at a fixed stride), alternated; lower is "
+                    "better",
+                    body_tokens.size(), static_cast<int>(scan), static_cast<int>(below));
+      r.notes = notes;
+      PrintResult(r, o);
+    }
+  }
   // /register and /unregister of many sources, one request each (each starts / stops and joins a
   // stream thread; unregister also clears the source's entries). Baseline: GET /health on the
   // same connection (the server's round trip).
