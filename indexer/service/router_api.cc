@@ -697,9 +697,10 @@ KVO_AVX512_TARGET WindowStop AVX512StrideWindows(const char** p, const char* end
     if (seps == 0 ||                                // no separator in 56 bytes
         (starts & at_elem) == 0 ||                  // elem not at a digit (or before the register)
         (seps & ~comma & ~first_close) != 0 ||      // a non-digit other than ',' or the ']'
-        (seps & (~digit << 1)) != 0 ||              // an empty element
         ((LongRuns<7>(digit) << 8) & seps) != 0 ||  // 8 digits before a separator
         (taken & zero & (digit >> 1)) != 0 ||       // a leading zero
+        // an empty element: fewer first digits than separators (between two separators all
+        // bytes are digits, so each element has one first digit or is empty)
         static_cast<size_t>(std::popcount(taken)) != elements || elements > limit - n) {
       stop = WindowStop::kRefused;
       break;
