@@ -520,6 +520,16 @@ enum class WindowStop { kClosed, kRefused, kFull, kEnd };
 #define KVO_AVX512_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,avx512vbmi2,popcnt,bmi")))
 
+// Byte i: i (the offsets VPCOMPRESSB packs under a mask).
+alignas(64) constexpr uint8_t kByteIndex[64] = {
+    0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+    22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+    44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
+// From kByteIndex loaded: lane i's bytes hold i (the element each 8-byte lane converts).
+KVO_AVX512_TARGET inline __m512i LaneOf(__m512i byte_index) {
+  return _mm512_srli_epi16(_mm512_and_si512(byte_index, _mm512_set1_epi8(0x38)), 3);
+}
+
 // For 8 elements of the window x (lane i: element `sel` byte 8i; `pos` and `first`: each element's
 // separator and first-digit offsets, one byte each): the value of the 8 digits that end `shift`
 // bytes before the element's separator, the bytes before its first digit read as 0.
@@ -560,13 +570,8 @@ template <typename T, int kMaxDigits = 7>
 KVO_AVX512_TARGET WindowStop AVX512WholeWindows(const char** p, const char* end, T* dst,
                                                 size_t room, size_t limit, size_t* count) {
   static_assert(sizeof(T) == 8);
-  alignas(64) static constexpr uint8_t kIota[64] = {
-      0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-      22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
-      44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
-  const __m512i iota = _mm512_load_si512(kIota);
-  // Lane i's bytes: element i's index (8 bytes of i).
-  const __m512i lane_of = _mm512_srli_epi16(_mm512_and_si512(iota, _mm512_set1_epi8(0x38)), 3);
+  const __m512i iota = _mm512_load_si512(kByteIndex);
+  const __m512i lane_of = LaneOf(iota);
   const __m512i ascii0 = _mm512_set1_epi8('0');
   size_t n = 0;
   const char* w = *p;
@@ -654,14 +659,10 @@ template <typename T>
 KVO_AVX512_TARGET WindowStop AVX512StrideWindows(const char** p, const char* end, T* dst,
                                                  size_t room, size_t limit, size_t* count) {
   static_assert(sizeof(T) == 8);
-  alignas(64) static constexpr uint8_t kIota[64] = {
-      0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-      22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
-      44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63};
   constexpr size_t kStride = 56;
   constexpr uint64_t kOwn = ~uint64_t{0xFF};  // the bytes whose separators a step takes
-  const __m512i iota = _mm512_load_si512(kIota);
-  const __m512i lane_of = _mm512_srli_epi16(_mm512_and_si512(iota, _mm512_set1_epi8(0x38)), 3);
+  const __m512i iota = _mm512_load_si512(kByteIndex);
+  const __m512i lane_of = LaneOf(iota);
   const __m512i ascii0 = _mm512_set1_epi8('0');
   size_t n = 0;
   const char* elem = *p;  // the first element not yet taken
@@ -751,20 +752,21 @@ bool FastIntRun(const char*& p, const char* end, const char* readable_from, size
   while (end - p >= 64) {
 #if defined(KVO_AVX512_SCAN)
     if (g_token_scan >= TokenScan::kAvx512) {
-      size_t used = out->size() + k;
+      // How many more elements the item limit allows.
+      const auto allowed = [&] {
+        const size_t used = out->size() + k;
+        return max_n > used ? max_n - used : 0;
+      };
       size_t count = 0;
       WindowStop stop = WindowStop::kRefused;
       if (g_token_scan == TokenScan::kAvx512Stride && p - readable_from >= 8) {
-        stop = AVX512StrideWindows(&p, end, buf + k, kBuf - k, max_n > used ? max_n - used : 0,
-                                   &count);
+        stop = AVX512StrideWindows(&p, end, buf + k, kBuf - k, allowed(), &count);
         k += count;
-        used += count;
       }
       // What the stride leaves (a spaced window, a defect, the body's last bytes): the
       // element-aligned windows.
       if (stop == WindowStop::kRefused || stop == WindowStop::kEnd) {
-        stop =
-            AVX512WholeWindows(&p, end, buf + k, kBuf - k, max_n > used ? max_n - used : 0, &count);
+        stop = AVX512WholeWindows(&p, end, buf + k, kBuf - k, allowed(), &count);
         k += count;
       }
       if (stop == WindowStop::kClosed) {
