@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   # toolchain
-  g++ cmake ninja-build pkg-config git clang clang-format clang-tidy libclang-rt-14-dev
+  g++ cmake ninja-build pkg-config git clang clang-format clang-tidy libclang-rt-14-dev lld
   # libraries (see README "Dependencies")
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libboost-dev libspdlog-dev libfmt-dev libcli11-dev
   nlohmann-json3-dev libssl-dev libsqlite3-dev libxxhash-dev libgtest-dev libgmock-dev
