@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -406,6 +407,111 @@ TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
   const auto r = next.Read(10000);
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Json::parse(r.body)["default"]["vllm-prefill-node1"]["longest_matched"], 4 * kBs);
+  svc.Stop();
+}
+
+// Several routers at once: clients on their own connections send large /query bodies in random
+// pieces while another holds a body half sent. One body at a time is followed as it arrives and
+// one query at a time holds the key helper; the others are read whole and hash on their own
+// thread. Each answer must be its own body's (bodies differ in their matched prefix, so an answer
+// crossed between queries, or keys hashed from another query's tokens, shows).
+TEST_F(RouterApiTest, ConcurrentLargeQueriesEachGetTheirOwnAnswer) {
+  Publisher r0 = MakePublisher(dir_.path() + "/j0");
+  ASSERT_TRUE(r0.pub);
+  ASSERT_TRUE(r0.pub->Publish(Store(6, kMediumGpu, 0)).ok());
+  r0.pub->Flush();
+  auto started = IndexerService::Start(Config(), ServiceOptions{});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  IndexerService& svc = **started;
+  ASSERT_EQ(Call(svc, "POST", "/register", RegisterBody(r0.endpoint, r0.replay, 0)).status, 200);
+  ASSERT_TRUE(Eventually([&] {
+    return Ok(Call(svc, "POST", "/query",
+                   QueryBody(6)))["default"]["vllm-prefill-node1"]["longest_matched"] == 6 * kBs;
+  }));
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  // Body k: the stored prefix's first k blocks, then a token no stored block has, then random
+  // tokens (30-80k in all), compact or as Python writes it.
+  constexpr int kBodies = 7;
+  std::vector<std::string> bodies;
+  for (int k = 0; k < kBodies; ++k) {
+    std::vector<int64_t> tokens = Tokens(k);
+    tokens.push_back(999'999);
+    const size_t n = 30000 + rng() % 50000;
+    while (tokens.size() < n) tokens.push_back(static_cast<int64_t>(rng() % 150000));
+    Json q = Json::parse(QueryBody(0));
+    q["token_ids"] = tokens;
+    bodies.push_back(q.dump());
+    if (k % 2 == 1) {  // ", " after every comma, as json.dumps writes them
+      std::string spaced;
+      for (char ch : bodies.back()) spaced += ch == ',' ? std::string(", ") : std::string(1, ch);
+      bodies.back() = std::move(spaced);
+    }
+    const Json want = Ok(Call(svc, "POST", "/query", bodies.back()));
+    ASSERT_EQ(want["default"]["vllm-prefill-node1"]["longest_matched"], k * kBs) << "body " << k;
+  }
+  // A sender that stops halfway through a large body (the one body followed as it arrives, when
+  // it is taken first) until client 0 is halfway through its rounds, which then finishes it.
+  testing::RawHttpConn stalled(svc.http_port());
+  ASSERT_TRUE(stalled.Send(
+      "POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(bodies[0].size()) +
+      "\r\n\r\n" + bodies[0].substr(0, bodies[0].size() / 2)));
+  constexpr int kClients = 4;
+  constexpr int kRounds = 6;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 local(seed + 1 + static_cast<uint32_t>(c));
+      testing::RawHttpConn conn(svc.http_port());
+      auto fail = [&](int round, int k, const std::string& why) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("client " + std::to_string(c) + " round " + std::to_string(round) +
+                           " body " + std::to_string(k) + ": " + why);
+      };
+      for (int round = 0; round < kRounds; ++round) {
+        if (c == 0 && round == kRounds / 2) {
+          const auto got = stalled.Send(bodies[0].substr(bodies[0].size() / 2))
+                               ? stalled.Read(30000)
+                               : testing::RawHttpConn::Response{};
+          if (got.status != 200 ||
+              Json::parse(got.body)["default"]["vllm-prefill-node1"]["longest_matched"] != 0) {
+            fail(round, 0,
+                 "the stalled body answered " + std::to_string(got.status) + " " +
+                     got.body.substr(0, 200));
+          }
+        }
+        const int k = static_cast<int>(local() % kBodies);
+        const std::string& body = bodies[static_cast<size_t>(k)];
+        bool sent = conn.Send("POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n");
+        for (size_t off = 0; sent && off < body.size();) {
+          const size_t piece = std::min<size_t>(body.size() - off, 1 + local() % (160u << 10));
+          sent = conn.Send(body.substr(off, piece));
+          off += piece;
+        }
+        const auto got = sent ? conn.Read(30000) : testing::RawHttpConn::Response{};
+        std::string why;
+        if (got.status != 200) {
+          why = "status " + std::to_string(got.status) + ": " + got.body.substr(0, 200);
+        } else {
+          const Json j = Json::parse(got.body, nullptr, false);
+          if (j.is_discarded() ||
+              j["default"]["vllm-prefill-node1"]["longest_matched"] != k * kBs) {
+            why = "answered " + got.body.substr(0, 200);
+          }
+        }
+        if (!why.empty()) {
+          fail(round, k, why);
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed; first: " << failures.front();
   svc.Stop();
 }
 
