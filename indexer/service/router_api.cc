@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #if defined(__SSE2__)
@@ -1435,7 +1436,12 @@ TierBoundaries MatchTiers(const std::vector<ExplainBlock>& blocks, std::string_v
   return b;
 }
 
-void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, InstanceMatch* m) {
+namespace {
+
+// One rank's boundaries folded into its instance's totals (AddRank's rule); returns the rank's
+// longest match in tokens.
+template <typename M>
+int64_t FoldTotals(const TierBoundaries& b, int64_t block_size, M* m) {
   const int64_t gpu = b.gpu * block_size;
   const int64_t cpu = b.cpu > b.gpu ? b.cpu * block_size : 0;
   const int64_t disk = b.disk > b.cpu ? b.disk * block_size : 0;
@@ -1444,7 +1450,58 @@ void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, Insta
   m->cpu = std::max(m->cpu, cpu);
   m->disk = std::max(m->disk, disk);
   m->longest_matched = std::max(m->longest_matched, longest);
+  return longest;
+}
+
+}  // namespace
+
+void AddRank(const TierBoundaries& b, int64_t dp_rank, int64_t block_size, InstanceMatch* m) {
+  const int64_t longest = FoldTotals(b, block_size, m);
   int64_t& dp = m->dp[dp_rank];
+  dp = std::max(dp, longest);
+}
+
+RouterAnswerPlan PlanRouterAnswer(std::vector<ScopedStream> streams) {
+  RouterAnswerPlan plan;
+  // Instances by id, each with its ranks.
+  std::sort(streams.begin(), streams.end(), [](const ScopedStream& a, const ScopedStream& b) {
+    return std::tie(a.instance_id, a.dp_rank) < std::tie(b.instance_id, b.dp_rank);
+  });
+  for (const ScopedStream& s : streams) {
+    if (plan.instances.empty() || plan.instances.back().id != s.instance_id) {
+      plan.instances.push_back({s.instance_id, {}, plan.slots});
+    }
+    RouterAnswerPlan::Instance& in = plan.instances.back();
+    if (in.ranks.empty() || in.ranks.back() != s.dp_rank) {
+      in.ranks.push_back(s.dp_rank);
+      ++plan.slots;
+    }
+    plan.streams.push_back({s.source, s.dp_rank, static_cast<uint32_t>(plan.instances.size() - 1),
+                            static_cast<uint32_t>(plan.slots - 1)});
+  }
+  const auto by_stream = [](const RouterAnswerPlan::Stream& a, const RouterAnswerPlan::Stream& b) {
+    return std::tie(a.source, a.dp_rank) < std::tie(b.source, b.dp_rank);
+  };
+  std::stable_sort(plan.streams.begin(), plan.streams.end(), by_stream);
+  const auto same = [](const RouterAnswerPlan::Stream& a, const RouterAnswerPlan::Stream& b) {
+    return a.source == b.source && a.dp_rank == b.dp_rank;
+  };
+  plan.streams.erase(std::unique(plan.streams.begin(), plan.streams.end(), same),
+                     plan.streams.end());
+  return plan;
+}
+
+void FoldStream(const RouterAnswerPlan& plan, std::string_view source, int64_t dp_rank,
+                const TierBoundaries& b, int64_t block_size, RouterAnswer* answer) {
+  const auto it =
+      std::lower_bound(plan.streams.begin(), plan.streams.end(), source,
+                       [dp_rank](const RouterAnswerPlan::Stream& s, std::string_view x) {
+                         const int c = std::string_view(s.source).compare(x);
+                         return c < 0 || (c == 0 && s.dp_rank < dp_rank);
+                       });
+  if (it == plan.streams.end() || it->source != source || it->dp_rank != dp_rank) return;
+  const int64_t longest = FoldTotals(b, block_size, &answer->instances[it->instance]);
+  int64_t& dp = answer->dp[it->slot];
   dp = std::max(dp, longest);
 }
 
@@ -1511,37 +1568,69 @@ void AppendInt(std::string* out, int64_t v) {
 // Written directly (the OJson tree of 100 instances cost ~130 us, a fifth of a /query_by_hash
 // handler); the same bytes as the tree's dump(): keys in insertion order, no spaces
 // (RouterApiTest's RenderedResponseEqualsTheJsonTree).
+namespace {
+
+// `"id":{"longest_matched":..,"GPU":..,"DP":{"rank":n,..},"CPU":..,"DISK":..}`; `ranks` calls
+// its argument with each (rank, tokens) in order.
+template <typename M, typename Ranks>
+void AppendInstance(std::string* out, std::string_view id, const M& m, const Ranks& ranks) {
+  AppendJsonKey(out, id);
+  out->append("{\"longest_matched\":");
+  AppendInt(out, m.longest_matched);
+  out->append(",\"GPU\":");
+  AppendInt(out, m.gpu);
+  out->append(",\"DP\":{");
+  bool first_rank = true;
+  ranks([&](int64_t rank, int64_t n) {
+    if (!first_rank) out->push_back(',');
+    first_rank = false;
+    out->push_back('"');
+    AppendInt(out, rank);
+    out->append("\":");
+    AppendInt(out, n);
+  });
+  out->append("},\"CPU\":");
+  AppendInt(out, m.cpu);
+  out->append(",\"DISK\":");
+  AppendInt(out, m.disk);
+  out->push_back('}');
+}
+
+void OpenResponse(std::string* out, const std::string& tenant, size_t instances) {
+  out->reserve(32 + instances * 96);
+  out->push_back('{');
+  AppendJsonKey(out, tenant);
+  out->push_back('{');
+}
+
+}  // namespace
+
 std::string RenderRouterQueryResponse(const std::string& tenant,
                                       const std::map<std::string, InstanceMatch>& instances) {
   std::string out;
-  out.reserve(32 + instances.size() * 96);
-  out.push_back('{');
-  AppendJsonKey(&out, tenant);
-  out.push_back('{');
+  OpenResponse(&out, tenant, instances.size());
   bool first = true;
   for (const auto& [id, m] : instances) {
     if (!first) out.push_back(',');
     first = false;
-    AppendJsonKey(&out, id);
-    out.append("{\"longest_matched\":");
-    AppendInt(&out, m.longest_matched);
-    out.append(",\"GPU\":");
-    AppendInt(&out, m.gpu);
-    out.append(",\"DP\":{");
-    bool first_rank = true;
-    for (const auto& [rank, n] : m.dp) {
-      if (!first_rank) out.push_back(',');
-      first_rank = false;
-      out.push_back('"');
-      AppendInt(&out, rank);
-      out.append("\":");
-      AppendInt(&out, n);
-    }
-    out.append("},\"CPU\":");
-    AppendInt(&out, m.cpu);
-    out.append(",\"DISK\":");
-    AppendInt(&out, m.disk);
-    out.push_back('}');
+    AppendInstance(&out, id, m, [&m](const auto& each) {
+      for (const auto& [rank, n] : m.dp) each(rank, n);
+    });
+  }
+  out.append("}}");
+  return out;
+}
+
+std::string RenderRouterAnswer(const std::string& tenant, const RouterAnswerPlan& plan,
+                               const RouterAnswer& answer) {
+  std::string out;
+  OpenResponse(&out, tenant, plan.instances.size());
+  for (size_t i = 0; i < plan.instances.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    const RouterAnswerPlan::Instance& in = plan.instances[i];
+    AppendInstance(&out, in.id, answer.instances[i], [&](const auto& each) {
+      for (size_t r = 0; r < in.ranks.size(); ++r) each(in.ranks[r], answer.dp[in.first_slot + r]);
+    });
   }
   out.append("}}");
   return out;

@@ -389,6 +389,7 @@ Status IndexerService::Impl::AddSource(const SourceConfig& sc, std::optional<Reg
     added.push_back(std::move(st));
   }
   source_names.insert(sc.name);
+  ++registry_generation;
   for (auto& st : added) {
     if (start_threads) StartThread(st.get());
     streams.push_back(std::move(st));

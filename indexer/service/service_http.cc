@@ -226,6 +226,7 @@ Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
   std::vector<std::string> removed;
   {
     MutexLock lock(&registry_mu);
+    ++registry_generation;  // even when nothing is removed or all is put back: plans rebuild
     Status failed;
     for (auto& src : sources) {
       if (!src->reg || !pick(*src->reg)) continue;
@@ -337,6 +338,72 @@ HttpResponse IndexerService::Impl::Unregister(const HttpRequest& r) {
   return HttpResponse{200, "application/json", RenderUnregistered(*removed)};
 }
 
+Result<std::shared_ptr<const RouterAnswerPlan>> IndexerService::Impl::QueryPlan(
+    const kvo::RouterQuery& q) {
+  // The scope's key: every field the streams in scope depend on, each length-prefixed (no two
+  // scopes share a key).
+  std::string key;
+  for (std::string_view f :
+       {std::string_view(q.tenant_id),
+        q.instance_id ? std::string_view(*q.instance_id) : std::string_view(),
+        std::string_view(q.model), std::string_view(q.lora_name), std::string_view(q.cache_salt)}) {
+    key += std::to_string(f.size());
+    key += ':';
+    key += f;
+  }
+  key += q.instance_id ? '1' : '0';
+  if (plans_generation != registry_generation || query_plans.size() >= kMaxQueryPlans) {
+    query_plans.clear();
+    plans_generation = registry_generation;
+  }
+  if (auto it = query_plans.find(key); it != query_plans.end()) return it->second;
+  // The streams in scope: registrations of the tenant (config sources are tenant "default",
+  // instance_id = source name, any model), then instance_id, model, LoRA and salt.
+  bool tenant_known = false;
+  bool instance_known = false;
+  bool model_known = false;
+  static const std::string kDefaultTenant = "default";
+  std::vector<const SourceState*> in_scope;  // sorted by address: looked up per stream below
+  for (const auto& src : sources) {
+    const std::string& tenant = src->reg ? src->reg->tenant_id : kDefaultTenant;
+    const std::string& instance = src->reg ? src->reg->instance_id : src->config.name;
+    if (tenant != q.tenant_id) continue;
+    tenant_known = true;
+    if (q.instance_id && instance != *q.instance_id) continue;
+    instance_known = true;
+    if (src->reg && src->reg->model != q.model) continue;
+    model_known = true;
+    if (src->reg &&
+        (src->reg->lora_name != q.lora_name || src->reg->additional_salt != q.cache_salt)) {
+      continue;
+    }
+    in_scope.push_back(src.get());
+  }
+  if (!tenant_known) {
+    return Status::InvalidArgument("'tenant_id' '" + q.tenant_id + "' has no registered instance");
+  }
+  if (!instance_known) {
+    return Status::InvalidArgument("'instance_id' '" + *q.instance_id +
+                                   "' is not registered in tenant '" + q.tenant_id + "'");
+  }
+  if (!model_known) {
+    return Status::InvalidArgument("'model' '" + CutForMessage(q.model) +
+                                   "' has no registered instance in tenant '" + q.tenant_id + "'");
+  }
+  // One pass over the streams (not one per source: 100 registrations made that 10 000 steps).
+  std::sort(in_scope.begin(), in_scope.end());
+  std::vector<ScopedStream> scoped;
+  for (const auto& st : streams) {
+    const SourceState* src = st->source;
+    if (!std::binary_search(in_scope.begin(), in_scope.end(), src)) continue;
+    scoped.push_back({src->reg ? src->reg->instance_id : src->config.name, src->config.name,
+                      st->stream.dp_rank});
+  }
+  auto plan = std::make_shared<const RouterAnswerPlan>(PlanRouterAnswer(std::move(scoped)));
+  query_plans.emplace(std::move(key), plan);
+  return plan;
+}
+
 HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash) {
   const int64_t start = clock->MonotonicNanos();
   // /query: the content keys hashed on the helper while the token list is read (when it is free).
@@ -350,64 +417,17 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     score_bad->Increment();
     return JsonError(400, std::string(q.status().message()));
   }
-  // The streams in scope: registrations of the tenant (config sources are tenant "default",
-  // instance_id = source name, any model), then instance_id, model, LoRA and salt.
-  struct Target {
-    std::string instance_id;
-    std::string source;
-    int64_t dp_rank;
-  };
-  std::vector<Target> targets;
+  std::shared_ptr<const RouterAnswerPlan> plan;
   {
     MutexLock lock(&registry_mu);
-    bool tenant_known = false;
-    bool instance_known = false;
-    bool model_known = false;
-    static const std::string kDefaultTenant = "default";
-    std::vector<const SourceState*> in_scope;  // sorted by address: looked up per stream below
-    for (const auto& src : sources) {
-      const std::string& tenant = src->reg ? src->reg->tenant_id : kDefaultTenant;
-      const std::string& instance = src->reg ? src->reg->instance_id : src->config.name;
-      if (tenant != q->tenant_id) continue;
-      tenant_known = true;
-      if (q->instance_id && instance != *q->instance_id) continue;
-      instance_known = true;
-      if (src->reg && src->reg->model != q->model) continue;
-      model_known = true;
-      if (src->reg &&
-          (src->reg->lora_name != q->lora_name || src->reg->additional_salt != q->cache_salt)) {
-        continue;
-      }
-      in_scope.push_back(src.get());
-    }
-    // One pass over the streams (not one per source: 100 registrations made that 10 000 steps).
-    std::sort(in_scope.begin(), in_scope.end());
-    for (const auto& st : streams) {
-      const SourceState* src = st->source;
-      if (!std::binary_search(in_scope.begin(), in_scope.end(), src)) continue;
-      targets.push_back({src->reg ? src->reg->instance_id : src->config.name, src->config.name,
-                         st->stream.dp_rank});
-    }
-    std::string why;
-    if (!tenant_known) {
-      why = "'tenant_id' '" + q->tenant_id + "' has no registered instance";
-    } else if (!instance_known) {
-      why = "'instance_id' '" + *q->instance_id + "' is not registered in tenant '" + q->tenant_id +
-            "'";
-    } else if (!model_known) {
-      why = "'model' '" + CutForMessage(q->model) + "' has no registered instance in tenant '" +
-            q->tenant_id + "'";
-    }
-    if (!why.empty()) {
+    Result<std::shared_ptr<const RouterAnswerPlan>> planned = QueryPlan(*q);
+    if (!planned.ok()) {
       score_bad->Increment();
-      return JsonError(400, why);
+      return JsonError(400, std::string(planned.status().message()));
     }
+    plan = std::move(planned).value();
   }
-  std::map<std::string, InstanceMatch> matches;
-  for (const Target& t : targets) {
-    InstanceMatch& m = matches[t.instance_id];
-    m.dp[t.dp_rank];  // listed even when nothing matches
-  }
+  RouterAnswer answer(*plan);
   ScoreQuery sq;
   // /query: the helper's walk of the keys it hashed (over every source, as Tiered below).
   std::optional<std::vector<Indexer::TieredMatch>> helper_walk;
@@ -429,7 +449,7 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
   if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
   const bool empty =
       sq.block_hashes.empty() && static_cast<int64_t>(sq.token_ids.size()) < q->block_size;
-  if (!targets.empty() && !empty) {
+  if (!plan->streams.empty() && !empty) {
     Result<std::vector<Indexer::TieredMatch>> result =
         helper_walk ? Result<std::vector<Indexer::TieredMatch>>(std::move(*helper_walk))
                     : index->Tiered(sq);
@@ -438,28 +458,15 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
       (bad ? score_bad : score_err)->Increment();
       return JsonError(bad ? 400 : 500, std::string(result.status().message()));
     }
-    // The walk's streams by (source, rank), looked up per target without copying a name.
-    std::vector<const Indexer::TieredMatch*> walked;
-    walked.reserve(result->size());
-    for (const Indexer::TieredMatch& t : *result) walked.push_back(&t);
-    const auto before = [](const Indexer::TieredMatch* a, const Indexer::TieredMatch* b) {
-      return std::tie(a->source, a->dp_rank) < std::tie(b->source, b->dp_rank);
-    };
-    std::sort(walked.begin(), walked.end(), before);
-    for (const Target& t : targets) {
-      auto it = std::lower_bound(
-          walked.begin(), walked.end(), t, [](const Indexer::TieredMatch* a, const Target& b) {
-            return std::tie(a->source, a->dp_rank) < std::tie(b.source, b.dp_rank);
-          });
-      const bool found =
-          it != walked.end() && (*it)->source == t.source && (*it)->dp_rank == t.dp_rank;
-      AddRank(found ? TierBoundaries{(*it)->gpu, (*it)->cpu, (*it)->disk} : TierBoundaries{},
-              t.dp_rank, q->block_size, &matches[t.instance_id]);
+    // Every stream's match folded into its instance; streams out of scope are skipped.
+    for (const Indexer::TieredMatch& t : *result) {
+      FoldStream(*plan, t.source, t.dp_rank, TierBoundaries{t.gpu, t.cpu, t.disk}, q->block_size,
+                 &answer);
     }
   }
   score_ok->Increment();
   score_latency->Observe(static_cast<double>(clock->MonotonicNanos() - start) / 1e9);
-  return HttpResponse{200, "application/json", RenderRouterQueryResponse(q->tenant_id, matches)};
+  return HttpResponse{200, "application/json", RenderRouterAnswer(q->tenant_id, *plan, answer)};
 }
 
 HttpResponse IndexerService::Impl::Workers() const {

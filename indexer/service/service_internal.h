@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -21,6 +22,7 @@
 #include "indexer/service/discovery.h"
 #include "indexer/service/doctor.h"
 #include "indexer/service/key_helper.h"
+#include "indexer/service/router_api.h"
 #include "indexer/service/service.h"
 
 namespace kvo {
@@ -159,6 +161,15 @@ struct IndexerService::Impl {
   std::vector<std::unique_ptr<service_internal::SourceState>> sources GUARDED_BY(registry_mu);
   std::vector<std::unique_ptr<service_internal::StreamState>> streams GUARDED_BY(registry_mu);
   std::set<std::string, std::less<>> source_names GUARDED_BY(registry_mu);
+  // Bumped by every change to `sources` or `streams` (AddSource, RemoveRegistered): the
+  // /query answer plans below are for one value of it.
+  uint64_t registry_generation GUARDED_BY(registry_mu) = 0;
+  // /query's answer plans by scope (QueryScopeKey), valid for plans_generation; cleared when
+  // the registry changes or when kMaxQueryPlans are held.
+  static constexpr size_t kMaxQueryPlans = 256;
+  std::map<std::string, std::shared_ptr<const RouterAnswerPlan>, std::less<>> query_plans
+      GUARDED_BY(registry_mu);
+  uint64_t plans_generation GUARDED_BY(registry_mu) = 0;
   std::unique_ptr<HttpServer> http;
   std::atomic<bool> stopping{false};
   Mutex stop_mu;
@@ -206,6 +217,10 @@ struct IndexerService::Impl {
   HttpResponse Register(const HttpRequest& r);
   HttpResponse Unregister(const HttpRequest& r);
   HttpResponse RouterQuery(const HttpRequest& r, bool by_hash);
+  // The answer plan of q's scope (tenant, instance_id, model, LoRA, salt), cached; a scope with
+  // an unknown tenant, instance or model is an InvalidArgument naming it.
+  Result<std::shared_ptr<const RouterAnswerPlan>> QueryPlan(const kvo::RouterQuery& q)
+      EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
   HttpResponse Workers() const;
   Status AddRegistered(const Registration& reg, bool start_thread)
       EXCLUSIVE_LOCKS_REQUIRED(registry_mu);

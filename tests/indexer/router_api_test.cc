@@ -695,6 +695,66 @@ TEST(RouterQueryParseTest, RenderedResponseEqualsTheJsonTree) {
   }
 }
 
+// The planned answer (PlanRouterAnswer + FoldStream + RenderRouterAnswer, what /query uses)
+// equals the map fold it replaced (AddRank per stream in scope, its match looked up by (source,
+// rank), RenderRouterQueryResponse) on random scopes: instances with several ranks, sources with
+// several streams, a (source, rank) listed twice, walk results for streams out of scope, in any
+// order, with repeats.
+TEST(RouterQueryParseTest, PlannedAnswerEqualsTheMapFold) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<ScopedStream> scoped;
+    const int n = static_cast<int>(rng() % 12);
+    for (int i = 0; i < n; ++i) {
+      const std::string source = "src-" + std::to_string(rng() % 6);
+      // A source is one instance's (its registration's; a config source's is its name); an
+      // instance may have several sources (one per DP rank, or one of each kind).
+      const std::string instance = rng() % 3 == 0 ? source : "inst-" + std::to_string(rng() % 3);
+      scoped.push_back({instance, source, static_cast<int64_t>(rng() % 4)});
+    }
+    if (n > 0 && rng() % 4 == 0) scoped.push_back(scoped[rng() % scoped.size()]);
+    // Keep one instance per source (as the registry does), whichever came first.
+    std::map<std::string, std::string> instance_of;
+    for (ScopedStream& s : scoped)
+      s.instance_id = instance_of.emplace(s.source, s.instance_id).first->second;
+    std::vector<Indexer::TieredMatch> walked;
+    for (int i = static_cast<int>(rng() % 14); i > 0; --i) {
+      Indexer::TieredMatch t;
+      t.source = "src-" + std::to_string(rng() % 8);  // 6, 7: never in scope
+      t.dp_rank = static_cast<int64_t>(rng() % 5);
+      t.gpu = static_cast<int64_t>(rng() % 5);
+      t.cpu = t.gpu + static_cast<int64_t>(rng() % 3);
+      t.disk = t.cpu + static_cast<int64_t>(rng() % 3);
+      const bool repeat = std::any_of(walked.begin(), walked.end(), [&](const auto& w) {
+        return w.source == t.source && w.dp_rank == t.dp_rank;
+      });
+      if (!repeat) walked.push_back(t);  // the index answers each stream once
+    }
+    const int64_t block_size = 1 + static_cast<int64_t>(rng() % 64);
+    // The map fold.
+    std::map<std::string, InstanceMatch> matches;
+    for (const ScopedStream& s : scoped) matches[s.instance_id].dp[s.dp_rank];
+    for (const ScopedStream& s : scoped) {
+      TierBoundaries b;
+      for (const auto& w : walked) {
+        if (w.source == s.source && w.dp_rank == s.dp_rank) b = {w.gpu, w.cpu, w.disk};
+      }
+      AddRank(b, s.dp_rank, block_size, &matches[s.instance_id]);
+    }
+    // The plan.
+    const RouterAnswerPlan plan = PlanRouterAnswer(scoped);
+    RouterAnswer answer(plan);
+    for (const auto& w : walked) {
+      FoldStream(plan, w.source, w.dp_rank, {w.gpu, w.cpu, w.disk}, block_size, &answer);
+    }
+    ASSERT_EQ(RenderRouterAnswer("default", plan, answer),
+              RenderRouterQueryResponse("default", matches))
+        << "round " << round;
+  }
+}
+
 TEST(RouterQueryParseTest, ScannerAgreesWithTheReferenceOnEveryNumberShape) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
