@@ -1610,10 +1610,11 @@ std::string RenderRouterQueryResponse(const std::string& tenant,
   std::string out;
   OpenResponse(&out, tenant, instances.size());
   bool first = true;
-  for (const auto& [id, m] : instances) {
+  for (const auto& entry : instances) {
     if (!first) out.push_back(',');
     first = false;
-    AppendInstance(&out, id, m, [&m](const auto& each) {
+    const InstanceMatch& m = entry.second;  // (a structured binding cannot be captured: C++20)
+    AppendInstance(&out, entry.first, m, [&m](const auto& each) {
       for (const auto& [rank, n] : m.dp) each(rank, n);
     });
   }
