@@ -259,6 +259,43 @@ TEST_F(RouterApiTest, ReferenceBodiesTieredMatchRestartAndUnregister) {
   r1.pub->Shutdown();
 }
 
+// /query's answer plans are cached per scope: a registration added or removed after a scope was
+// queried shows in the next answer (a plan kept across either would list the old instances).
+TEST_F(RouterApiTest, QueryPlansFollowRegistrations) {
+  Publisher r0 = MakePublisher(dir_.path() + "/j0");
+  Publisher r1 = MakePublisher(dir_.path() + "/j1");
+  ASSERT_TRUE(r0.pub && r1.pub);
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  auto register_as = [&](const Publisher& p, const std::string& instance) {
+    std::string body = RegisterBody(p.endpoint, p.replay, 0);
+    body.replace(body.find("vllm-prefill-node1"), 18, instance);
+    return Call(*svc, "POST", "/register", body).status;
+  };
+  Json q = Json::parse(QueryBody(2));
+  q.erase("instance_id");  // every instance of the tenant
+  const std::string query = q.dump();
+  auto instances = [&] {
+    const Json answer = Ok(Call(*svc, "POST", "/query", query));
+    std::vector<std::string> out;
+    for (const auto& [id, m] : answer["default"].items()) out.push_back(id);
+    return out;
+  };
+  ASSERT_EQ(register_as(r0, "node-a"), 200);
+  EXPECT_EQ(instances(), std::vector<std::string>({"node-a"}));
+  ASSERT_EQ(register_as(r1, "node-b"), 200);
+  EXPECT_EQ(instances(), std::vector<std::string>({"node-a", "node-b"}));
+  ASSERT_EQ(Call(*svc, "POST", "/unregister", R"({"instance_id": "node-a"})").status, 200);
+  EXPECT_EQ(instances(), std::vector<std::string>({"node-b"}));
+  ASSERT_EQ(Call(*svc, "POST", "/unregister", R"({"instance_id": "node-b"})").status, 200);
+  EXPECT_NE(Error(Call(*svc, "POST", "/query", query)).find("'tenant_id'"), std::string::npos);
+  ASSERT_EQ(register_as(r0, "node-c"), 200);
+  EXPECT_EQ(instances(), std::vector<std::string>({"node-c"}));
+  svc->Stop();
+  r0.pub->Shutdown();
+  r1.pub->Shutdown();
+}
+
 TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
   auto svc = Start();
   ASSERT_NE(svc, nullptr);
