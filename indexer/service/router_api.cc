@@ -1563,10 +1563,6 @@ void AppendInt(std::string* out, int64_t v) {
   out->append(b, end);
 }
 
-}  // namespace
-
-namespace {
-
 // `"id":{"longest_matched":..,"GPU":..,"DP":{"rank":n,..},"CPU":..,"DISK":..}`; `ranks` calls
 // its argument with each (rank, tokens) in order.
 template <typename M, typename Ranks>

@@ -380,15 +380,18 @@ Result<std::shared_ptr<const RouterAnswerPlan>> IndexerService::Impl::QueryPlan(
     in_scope.push_back(src.get());
   }
   if (!tenant_known) {
-    return Status::InvalidArgument("'tenant_id' '" + q.tenant_id + "' has no registered instance");
+    return Status::InvalidArgument("'tenant_id' '" + CutForMessage(q.tenant_id) +
+                                   "' has no registered instance");
   }
   if (!instance_known) {
-    return Status::InvalidArgument("'instance_id' '" + *q.instance_id +
-                                   "' is not registered in tenant '" + q.tenant_id + "'");
+    return Status::InvalidArgument("'instance_id' '" + CutForMessage(*q.instance_id) +
+                                   "' is not registered in tenant '" + CutForMessage(q.tenant_id) +
+                                   "'");
   }
   if (!model_known) {
     return Status::InvalidArgument("'model' '" + CutForMessage(q.model) +
-                                   "' has no registered instance in tenant '" + q.tenant_id + "'");
+                                   "' has no registered instance in tenant '" +
+                                   CutForMessage(q.tenant_id) + "'");
   }
   // One pass over the streams (not one per source: 100 registrations made that 10 000 steps).
   std::sort(in_scope.begin(), in_scope.end());
@@ -400,7 +403,9 @@ Result<std::shared_ptr<const RouterAnswerPlan>> IndexerService::Impl::QueryPlan(
                       st->stream.dp_rank});
   }
   auto plan = std::make_shared<const RouterAnswerPlan>(PlanRouterAnswer(std::move(scoped)));
-  query_plans.emplace(std::move(key), plan);
+  // Only scopes named in a reasonable size are kept: a client varying a megabyte-long salt must
+  // not make the cache hold 256 of them.
+  if (key.size() <= kMaxQueryPlanKey) query_plans.emplace(std::move(key), plan);
   return plan;
 }
 

@@ -167,6 +167,7 @@ struct IndexerService::Impl {
   // /query's answer plans by scope (QueryScopeKey), valid for plans_generation; cleared when
   // the registry changes or when kMaxQueryPlans are held.
   static constexpr size_t kMaxQueryPlans = 256;
+  static constexpr size_t kMaxQueryPlanKey = 1024;  // a longer scope is planned, not kept
   std::map<std::string, std::shared_ptr<const RouterAnswerPlan>, std::less<>> query_plans
       GUARDED_BY(registry_mu);
   uint64_t plans_generation GUARDED_BY(registry_mu) = 0;
