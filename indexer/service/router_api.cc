@@ -1440,8 +1440,7 @@ namespace {
 
 // One rank's boundaries folded into its instance's totals (AddRank's rule); returns the rank's
 // longest match in tokens.
-template <typename M>
-int64_t FoldTotals(const TierBoundaries& b, int64_t block_size, M* m) {
+int64_t FoldTotals(const TierBoundaries& b, int64_t block_size, InstanceTotals* m) {
   const int64_t gpu = b.gpu * block_size;
   const int64_t cpu = b.cpu > b.gpu ? b.cpu * block_size : 0;
   const int64_t disk = b.disk > b.cpu ? b.disk * block_size : 0;
@@ -1565,8 +1564,9 @@ void AppendInt(std::string* out, int64_t v) {
 
 // `"id":{"longest_matched":..,"GPU":..,"DP":{"rank":n,..},"CPU":..,"DISK":..}`; `ranks` calls
 // its argument with each (rank, tokens) in order.
-template <typename M, typename Ranks>
-void AppendInstance(std::string* out, std::string_view id, const M& m, const Ranks& ranks) {
+template <typename Ranks>
+void AppendInstance(std::string* out, std::string_view id, const InstanceTotals& m,
+                    const Ranks& ranks) {
   AppendJsonKey(out, id);
   out->append("{\"longest_matched\":");
   AppendInt(out, m.longest_matched);

@@ -152,12 +152,15 @@ struct TierBoundaries {
 TierBoundaries MatchTiers(const std::vector<ExplainBlock>& blocks, std::string_view source,
                           int64_t dp_rank);
 
-// One instance's answer, in tokens.
-struct InstanceMatch {
+// One instance's totals over its ranks, in tokens.
+struct InstanceTotals {
   int64_t longest_matched = 0;
   int64_t gpu = 0;
   int64_t cpu = 0;
   int64_t disk = 0;
+};
+// One instance's answer, in tokens.
+struct InstanceMatch : InstanceTotals {
   std::map<int64_t, int64_t> dp;  // rank -> matched tokens
 };
 // Folds one rank's boundaries into its instance: "GPU" is the GPU prefix; "CPU" / "DISK" the
@@ -201,15 +204,9 @@ RouterAnswerPlan PlanRouterAnswer(std::vector<ScopedStream> streams);
 
 // One query's answer under a plan: per instance, then per rank slot, in tokens.
 struct RouterAnswer {
-  struct Totals {
-    int64_t longest_matched = 0;
-    int64_t gpu = 0;
-    int64_t cpu = 0;
-    int64_t disk = 0;
-  };
   explicit RouterAnswer(const RouterAnswerPlan& plan)
       : instances(plan.instances.size()), dp(plan.slots, 0) {}
-  std::vector<Totals> instances;
+  std::vector<InstanceTotals> instances;
   std::vector<int64_t> dp;
 };
 // Folds one stream's boundaries in as AddRank does; a stream not in the plan's scope is ignored.
