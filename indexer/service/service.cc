@@ -78,6 +78,15 @@ Status IndexerService::Impl::RegisterMetrics() {
                            "POST /query: how long the handler waited for the key helper after "
                            "the token list was read (the keys' and the walk's tail)",
                            LatencyBuckets()));
+  KVO_ASSIGN_OR_RETURN(plans_held,
+                       metrics.AddGauge("kvo_indexer_query_plans",
+                                        "POST /query answer plans held (one per scope queried "
+                                        "since the registry last changed; at most 256)"));
+  KVO_ASSIGN_OR_RETURN(plans_built,
+                       metrics.AddCounter("kvo_indexer_query_plans_built",
+                                          "POST /query answer plans built: a scope's first query "
+                                          "since the registry changed, or one named in over 1 KiB "
+                                          "(planned every time, never held)"));
   KVO_ASSIGN_OR_RETURN(
       score_latency,
       metrics.AddHistogram("kvo_indexer_score_latency_seconds",

@@ -406,6 +406,8 @@ Result<std::shared_ptr<const RouterAnswerPlan>> IndexerService::Impl::QueryPlan(
   // Only scopes named in a reasonable size are kept: a client varying a megabyte-long salt must
   // not make the cache hold 256 of them.
   if (key.size() <= kMaxQueryPlanKey) query_plans.emplace(std::move(key), plan);
+  plans_built->Increment();
+  plans_held->Set(static_cast<double>(query_plans.size()));
   return plan;
 }
 

@@ -186,6 +186,10 @@ struct IndexerService::Impl {
   Counter* parsed_whole = nullptr;
   Histogram* helper_start = nullptr;
   Histogram* helper_wait = nullptr;
+  // /query answer plans: held now (query_plans.size()), and built (a scope's first query since
+  // the registry last changed, or a scope too long to keep).
+  Gauge* plans_held = nullptr;
+  Counter* plans_built = nullptr;
   Counter* score_bad = nullptr;
   Counter* score_err = nullptr;
   Histogram* score_latency = nullptr;

@@ -296,6 +296,54 @@ TEST_F(RouterApiTest, QueryPlansFollowRegistrations) {
   r1.pub->Shutdown();
 }
 
+// The plan cache is bounded: a scope named in over 1 KiB is planned on every query and never
+// held (a client varying a long salt cannot fill memory with plans), a repeated scope is planned
+// once, and distinct scopes never hold more than 256 plans.
+TEST_F(RouterApiTest, QueryPlansAreBoundedAndLongScopesNotHeld) {
+  Publisher r0 = MakePublisher(dir_.path() + "/j0");
+  ASSERT_TRUE(r0.pub);
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  ASSERT_EQ(Call(*svc, "POST", "/register", RegisterBody(r0.endpoint, r0.replay, 0)).status, 200);
+  auto metric = [&](const std::string& name) {
+    const std::string metrics = Call(*svc, "GET", "/metrics").body;
+    const std::string line = "\n" + name + " ";
+    const size_t at = metrics.find(line);
+    EXPECT_NE(at, std::string::npos) << name;
+    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + line.size());
+  };
+  auto query_with_salt = [&](const std::string& salt) {
+    Json q = Json::parse(QueryBody(2));
+    q["cache_salt"] = salt;
+    return Call(*svc, "POST", "/query", q.dump());
+  };
+  ASSERT_EQ(query_with_salt("w8a8").status, 200);
+  ASSERT_EQ(query_with_salt("w8a8").status, 200);
+  EXPECT_EQ(metric("kvo_indexer_query_plans_built_total"), 1);
+  EXPECT_EQ(metric("kvo_indexer_query_plans"), 1);
+  const std::string long_salt(2000, 's');
+  for (int i = 0; i < 3; ++i) {
+    const HttpResponse r = query_with_salt(long_salt);
+    ASSERT_EQ(r.status, 200) << r.body.substr(0, 200);
+    // Nothing registered under that salt: the tenant's answer names no instance.
+    EXPECT_EQ(Json::parse(r.body), Json::parse(R"({"default": {}})")) << r.body.substr(0, 200);
+  }
+  EXPECT_EQ(metric("kvo_indexer_query_plans_built_total"), 4);
+  EXPECT_EQ(metric("kvo_indexer_query_plans"), 1) << "a scope over 1 KiB was held";
+  double most = 0;
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_EQ(query_with_salt("salt-" + std::to_string(i)).status, 200);
+    most = std::max(most, metric("kvo_indexer_query_plans"));
+  }
+  EXPECT_EQ(most, 256);
+  EXPECT_EQ(metric("kvo_indexer_query_plans_built_total"), 304);
+  // The registered scope still answers with its instance after the cache was cleared.
+  const Json answer = Ok(query_with_salt("w8a8"));
+  EXPECT_TRUE(answer["default"].contains("vllm-prefill-node1")) << answer.dump();
+  svc->Stop();
+  r0.pub->Shutdown();
+}
+
 TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
   auto svc = Start();
   ASSERT_NE(svc, nullptr);
