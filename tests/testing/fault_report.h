@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tests/testing/sanitizers.h"
+
 namespace kvo::testing {
 
 struct FaultRecord {
@@ -30,19 +32,7 @@ bool LongFaultRun();
 // Whether this build asserts wall-clock latency promises (e.g. /healthz within 100 ms). False
 // under ThreadSanitizer, which slows every memory access of the daemon several times over: there
 // the latencies are measured and reported, and the correctness checks still hold.
-constexpr bool LatencyAsserted() {
-#if defined(__SANITIZE_THREAD__)
-  return false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-  return false;
-#else
-  return true;
-#endif
-#else
-  return true;
-#endif
-}
+constexpr bool LatencyAsserted() { return !kThreadSanitizer; }
 
 // Whether this build asserts memory promises (RSS flat under churn): false under ThreadSanitizer,
 // whose shadow memory and access history grow with the daemon's activity.
