@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (the `fuzz` CMake preset: clang, ASan + UBSan) and runs each one for
-# SECONDS with its seed corpus; fails on the first crash, leak, sanitizer report or check failure.
-#   tests/fuzz/run_fuzzers.sh 10          # CI (17 targets x 10 s)
+# Builds the libFuzzer targets (the `fuzz` CMake preset: clang, ASan + UBSan, -O1) and runs each one
+# for SECONDS with its seed corpus; fails on the first crash, leak, sanitizer report or check failure.
 #   tests/fuzz/run_fuzzers.sh 600 journal_reader_fuzz
+#   tests/fuzz/run_fuzzers.sh --preset asan 10    # CI (17 targets x 10 s): the test build's fuzzers
+# --preset PRESET: use that preset's tree (build/PRESET) instead of `fuzz`: the `asan` preset builds
+# the fuzzers too (at -O0: fewer runs per second, no second build), so CI fuzzes what it tested.
 #   tests/fuzz/run_fuzzers.sh --regressions [TARGET...]
-# New inputs found go to build/fuzz/corpus/<target>/ (never into the source tree); a crashing input
-# is written to build/fuzz/artifacts/<target>/.
+# New inputs found go to build/PRESET/corpus/<target>/ (never into the source tree); a crashing
+# input is written to build/PRESET/artifacts/<target>/.
 #
 # --regressions runs each target once over the inputs in tests/fuzz/regressions/<seed dir>/:
 # minimized inputs of crashes found by fuzzing whose fix is not in yet (see the README there).
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 SECONDS [TARGET...] | $0 --regressions [TARGET...]" >&2
+  echo "usage: $0 [--preset PRESET] SECONDS [TARGET...] | $0 [--preset PRESET] --regressions [TARGET...]" >&2
   exit 2
 }
+preset=fuzz
+if [[ "${1:-}" == "--preset" ]]; then
+  [[ $# -ge 2 ]] || usage
+  preset=$2
+  shift 2
+fi
 [[ $# -ge 1 ]] || usage
 mode=fuzz
 if [[ "$1" == "--regressions" ]]; then
@@ -61,30 +69,31 @@ for t in "${targets[@]}"; do
   [[ -n "${seeds[$t]:-}" ]] || { echo "unknown fuzz target '$t'" >&2; exit 2; }
 done
 
-cmake --preset fuzz
-cmake --build --preset fuzz --target "${targets[@]}"
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" --target "${targets[@]}"
+tree=build/$preset
 
 # One target on each core at a time (KVO_FUZZ_JOBS overrides): the time budget is per target.
 parallel=${KVO_FUZZ_JOBS:-$(nproc)}
 fuzz_one() {
-  local t=$1 bin=build/fuzz/tests/fuzz/$1
-  local work=build/fuzz/corpus/$t artifacts=build/fuzz/artifacts/$t
+  local t=$1 bin=$tree/tests/fuzz/$1
+  local work=$tree/corpus/$t artifacts=$tree/artifacts/$t
   local seed_dir=tests/fuzz/corpus/${seeds[$t]} len=${max_len[$t]:-65536}
   mkdir -p "$work" "$artifacts"
-  rm -f "build/fuzz/logs/$t.failed"
+  rm -f "$tree/logs/$t.failed"
   {
     echo "== $t: ${seconds}s, max_len $len, seeds from $seed_dir"
     # The first corpus directory receives new inputs; the seed directory is only read.
     "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$len" \
       -print_final_stats=1 -artifact_prefix="$artifacts/" "$work" "$seed_dir" 2>&1 ||
-      touch "build/fuzz/logs/$t.failed"
-  } >"build/fuzz/logs/$t.log"
+      touch "$tree/logs/$t.failed"
+  } >"$tree/logs/$t.log"
 }
-mkdir -p build/fuzz/logs
+mkdir -p "$tree/logs"
 
 status=0
 for t in "${targets[@]}"; do
-  bin=build/fuzz/tests/fuzz/$t
+  bin=$tree/tests/fuzz/$t
   if [[ $mode == regressions ]]; then
     dir=tests/fuzz/regressions/${seeds[$t]}
     [[ -d $dir ]] || continue
@@ -108,9 +117,9 @@ wait
 # Each target's output, in order, once all have run (they run $parallel at a time).
 for t in "${targets[@]}"; do
   [[ $mode == fuzz ]] || break
-  cat "build/fuzz/logs/$t.log"
-  if [[ -e "build/fuzz/logs/$t.failed" ]]; then
-    echo "== $t FAILED; reproduce with: build/fuzz/tests/fuzz/$t build/fuzz/artifacts/$t/<crash file>" >&2
+  cat "$tree/logs/$t.log"
+  if [[ -e "$tree/logs/$t.failed" ]]; then
+    echo "== $t FAILED; reproduce with: $tree/tests/fuzz/$t $tree/artifacts/$t/<crash file>" >&2
     status=1
   fi
 done
