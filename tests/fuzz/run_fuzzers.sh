@@ -69,7 +69,7 @@ for t in "${targets[@]}"; do
   [[ -n "${seeds[$t]:-}" ]] || { echo "unknown fuzz target '$t'" >&2; exit 2; }
 done
 
-cmake --preset "$preset" >/dev/null
+bash scripts/configure.sh "$preset"
 cmake --build --preset "$preset" --target "${targets[@]}"
 tree=build/$preset
 
