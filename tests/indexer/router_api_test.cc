@@ -112,6 +112,14 @@ class RouterApiTest : public ::testing::Test {
     EXPECT_EQ(r.status, 200) << r.body;
     return Json::parse(r.body);
   }
+  // The value of one series on /metrics (`name` or `name{labels}`); -1 when it is absent.
+  static double Metric(IndexerService& svc, const std::string& series) {
+    const std::string metrics = Call(svc, "GET", "/metrics").body;
+    const std::string line = "\n" + series + " ";
+    const size_t at = metrics.find(line);
+    EXPECT_NE(at, std::string::npos) << series << " not in:\n" << metrics.substr(0, 2000);
+    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + line.size());
+  }
   static std::string Error(const HttpResponse& r, int status = 400) {
     EXPECT_EQ(r.status, status) << r.body;
     Json j = Json::parse(r.body);
@@ -305,13 +313,7 @@ TEST_F(RouterApiTest, QueryPlansAreBoundedAndLongScopesNotHeld) {
   auto svc = Start();
   ASSERT_NE(svc, nullptr);
   ASSERT_EQ(Call(*svc, "POST", "/register", RegisterBody(r0.endpoint, r0.replay, 0)).status, 200);
-  auto metric = [&](const std::string& name) {
-    const std::string metrics = Call(*svc, "GET", "/metrics").body;
-    const std::string line = "\n" + name + " ";
-    const size_t at = metrics.find(line);
-    EXPECT_NE(at, std::string::npos) << name;
-    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + line.size());
-  };
+  auto metric = [&](const std::string& series) { return Metric(*svc, series); };
   auto query_with_salt = [&](const std::string& salt) {
     Json q = Json::parse(QueryBody(2));
     q["cache_salt"] = salt;
@@ -473,11 +475,7 @@ TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
     }
   }
   EXPECT_GT(matched, 0);
-  const std::string metrics = Call(svc, "GET", "/metrics").body;
-  const std::string line = R"(kvo_indexer_query_parses_total{when="arriving"} )";
-  const size_t at = metrics.find(line);
-  ASSERT_NE(at, std::string::npos) << metrics;
-  EXPECT_GT(std::atoll(metrics.c_str() + at + line.size()), 0)
+  EXPECT_GT(Metric(svc, R"(kvo_indexer_query_parses_total{when="arriving"})"), 0)
       << "no body was parsed as it arrived: the arriving path went untested";
   // Gone mid-body, then the next query on a new connection.
   {
