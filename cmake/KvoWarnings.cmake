@@ -25,4 +25,8 @@ function(kvo_library name)
   target_include_directories(${name} PUBLIC ${KVO_SOURCE_ROOT})
   target_link_libraries(${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
   kvo_target_warnings(${name})
+  list(LENGTH srcs n_srcs)
+  if(n_srcs GREATER 2)  # one or two sources: a precompiled header of its own would not pay
+    kvo_pch(${name})
+  endif()
 endfunction()
