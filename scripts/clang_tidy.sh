@@ -7,7 +7,7 @@
 # each file, the SHA-256 of the clang-tidy version, .clang-tidy, the compile command and the
 # preprocessed file with comments and macro definitions (scripts/tidy_inputs.py); a run without a
 # finding updates it (commit it with your change). A change to a file, to a header it includes,
-# to a flag or to the checks changes the key, and the file is tidied again. Every file: ~11 min
+# to a flag or to the checks changes the key, and the file is tidied again. Every file: ~12 min
 # on 2 cores; --all ignores the record.
 #   bash scripts/clang_tidy.sh [--all] [BUILD_DIR] [FILE...]
 set -euo pipefail

@@ -28,31 +28,29 @@ import subprocess
 import sys
 
 
+def drop(args, width):
+    """args without the runs width(args, i) > 0 says start at i (and are that long)."""
+    out = []
+    i = 0
+    while i < len(args):
+        n = width(args, i)
+        if n:
+            i += n
+        else:
+            out.append(args[i])
+            i += 1
+    return out
+
+
 def strip_pch(args):
     """The command without CMake's precompiled-header arguments (clang: -Xclang -include-pch
     -Xclang PCH -Xclang -include -Xclang HEADER)."""
-    out = []
-    i = 0
-    while i < len(args):
-        if (args[i] == "-Xclang" and i + 3 < len(args) and args[i + 1] in ("-include-pch", "-include")
-                and args[i + 2] == "-Xclang"):
-            i += 4
-            continue
-        out.append(args[i])
-        i += 1
-    return out
+    return drop(args, lambda a, i: 4 if (a[i] == "-Xclang" and i + 3 < len(a) and a[i + 2] == "-Xclang"
+                                         and a[i + 1] in ("-include-pch", "-include")) else 0)
 
 
 def without_output(args):
-    out = []
-    i = 0
-    while i < len(args):
-        if args[i] == "-o" and i + 1 < len(args):
-            i += 2
-            continue
-        out.append(args[i])
-        i += 1
-    return out
+    return drop(args, lambda a, i: 2 if a[i] == "-o" and i + 1 < len(a) else 0)
 
 
 def key_of(root, prefix, entry):

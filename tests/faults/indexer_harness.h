@@ -301,8 +301,7 @@ class IndexDaemon {
   }
   // The stream (source, rank 0) of /v1/sources; null when absent or unreachable.
   nlohmann::json Stream(const std::string& source) {
-    child_->Drain();
-    GetResult r = Get("/v1/sources", 3000);
+    GetResult r = child_->DrainWhile([&] { return Get("/v1/sources", 3000); });
     if (r.status != 200) return nullptr;
     auto j = nlohmann::json::parse(r.body, nullptr, false);
     if (!j.is_object() || !j.contains("sources")) return nullptr;

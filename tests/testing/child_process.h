@@ -9,8 +9,10 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvo::testing {
@@ -43,6 +45,19 @@ class ChildProcess {
 
   // Reads whatever the pipes hold now (keeps a chatty child from blocking on a full pipe).
   void Drain();
+
+  // Runs `call` on a thread of its own while this one reads the pipes, and returns its result: a
+  // child that writes more than a pipe holds while the call waits on it (an HTTP call to a daemon
+  // logging every refused stream) would otherwise block writing and never answer.
+  template <class F>
+  auto DrainWhile(F&& call) {
+    auto result = std::async(std::launch::async, std::forward<F>(call));
+    do {
+      Drain();
+    } while (result.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready);
+    Drain();
+    return result.get();
+  }
 
   // Stdout not yet returned by ReadStdoutLine, and all of stderr so far.
   std::string out() const { return out_.substr(out_pos_); }

@@ -26,7 +26,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <future>
 #include <map>
 #include <optional>
 #include <random>
@@ -232,17 +231,11 @@ class Daemon {
   const HttpAddress& address() const { return address_; }
   std::string http() const { return "127.0.0.1:" + std::to_string(address_.port); }
 
-  // The call runs beside a pump of the daemon's pipes: a daemon that logs more than a pipe holds
-  // during one call (40 streams refused at once when descriptors run out, under load) would
-  // otherwise block writing stderr and never answer (CI, TSan phase: /register timed out).
+  // The daemon's pipes are read during the call (ChildProcess::DrainWhile): 40 streams refused at
+  // once when descriptors run out log more than a pipe holds (CI, TSan phase: /register timed out).
   HttpClientResult Call(const std::string& method, const std::string& path,
                         const std::string& body = "") {
-    auto call = std::async(std::launch::async,
-                           [&] { return HttpCall(address_, method, path, body, 10'000); });
-    do {
-      child_->Drain();
-    } while (call.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready);
-    auto r = call.get();
+    auto r = child_->DrainWhile([&] { return HttpCall(address_, method, path, body, 10'000); });
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : HttpClientResult{};
   }
