@@ -133,7 +133,7 @@ class Arrival {
   void Set(size_t have, uint32_t state) {
     if ((word_.load(std::memory_order_relaxed) & 3) != kReading) return;
     word_.store(static_cast<uint32_t>(have) << 2 | state, std::memory_order_release);
-    word_.notify_one();
+    word_.notify_all();  // the handler, and a thread it shares the body with (a list's chunks)
   }
 
   std::atomic<uint32_t> word_;

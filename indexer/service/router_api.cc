@@ -3,14 +3,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -1239,7 +1244,239 @@ Result<RouterQuery> ParseRouterQueryDom(std::string_view body, bool by_hash, int
   return q;
 }
 
+#if defined(__SSE2__)
+// ListHelper's chunks. A chunk holds the elements whose first digit lies in its bytes [a, b);
+// it stops at the first element at or past b (kNext), past the list's ']' (kClosed), or at an
+// element the compact scanner would leave to the per-element reader (kRefused): the handler
+// reads on sequentially from `stop`.
+enum class ChunkEnd { kNext, kClosed, kRefused };
+
+struct ListChunk {
+  std::vector<int64_t>* tokens = nullptr;  // the helper's buffer for this chunk
+  const char* start = nullptr;  // its first element; nullptr: none found, or the body failed
+  const char* stop = nullptr;
+  ChunkEnd end = ChunkEnd::kRefused;
+  std::atomic<uint32_t> done{0};  // 1 once the fields above are final (release)
+};
+
+// The first byte of an element: a digit after ',' or ", " (inside the list, where the chunk's
+// join checks it is).
+inline bool ElementStart(const char* p) {
+  return IsDigit(*p) && (p[-1] == ',' || (p[-1] == ' ' && p[-2] == ','));
+}
+
+inline void SkipSpaceAfterComma(const char*& p, const char* end) {
+  if (p < end && *p == ' ' && p[-1] == ',') ++p;
+}
+
 }  // namespace
+
+struct ListHelper::Job {
+  const ArrivingBody* body = nullptr;
+  const char* data = nullptr;
+  size_t size = 0;
+  const char* first = nullptr;  // the list's first element
+  size_t max_n = 0;             // the item limit
+  size_t chunk_bytes = 0;
+  size_t chunks = 0;
+  std::unique_ptr<ListChunk[]> chunk;
+  std::atomic<size_t> next{0};     // the next chunk nobody took
+  std::atomic<bool> over{false};   // the handler joined what it will: take no more
+};
+
+namespace {
+
+// Reads chunk i of `job` into c (see ListChunk), waiting for its bytes (and the 80 after them:
+// an element that starts in it ends past it). `have`: how much of the body this thread saw.
+void ParseChunk(const ListHelper::Job& job, size_t i, size_t& have) {
+  ListChunk& c = job.chunk[i];
+  const char* const data = job.data;
+  const char* const all_end = data + job.size;
+  const char* const a = job.first + i * job.chunk_bytes;
+  const char* const b = i + 1 == job.chunks ? all_end : a + job.chunk_bytes;
+  c.tokens->clear();
+  c.start = c.stop = nullptr;
+  c.end = ChunkEnd::kRefused;
+  const size_t need = std::min<size_t>(static_cast<size_t>(b - data) + 80, job.size);
+  while (have < need) {
+    const size_t now = job.body->WaitBeyond(have);
+    if (now <= have) return;  // the body never completes
+    have = now;
+  }
+  const char* p = a;
+  if (i != 0) {
+    const char* const scan_end = std::min(a + 64, b);
+    while (p < scan_end && !ElementStart(p)) ++p;
+    if (p >= scan_end) return;
+  }
+  c.start = p;
+  c.tokens->reserve(static_cast<size_t>(b - a) / 2 + 2);
+  for (;;) {
+    SkipSpaceAfterComma(p, all_end);
+    if (p >= b) {
+      c.end = ChunkEnd::kNext;
+      break;
+    }
+    if (FastIntRun(p, b, data, job.max_n, c.tokens, nullptr)) {
+      c.end = ChunkEnd::kClosed;
+      break;
+    }
+    SkipSpaceAfterComma(p, all_end);
+    if (p >= b) {
+      c.end = ChunkEnd::kNext;
+      break;
+    }
+    // One element by FastIntRun's per-element rules: 1-7 digits, no leading zero, ',' or ']'.
+    const char* q = p;
+    while (q < all_end && q - p < 8 && IsDigit(*q)) ++q;
+    const auto n = q - p;
+    if (n == 0 || n > 7 || (*p == '0' && n > 1) || q >= all_end || (*q != ',' && *q != ']')) {
+      break;  // kRefused at p
+    }
+    int64_t v = 0;
+    for (const char* d = p; d < q; ++d) v = v * 10 + (*d - '0');
+    c.tokens->push_back(v);
+    p = q + 1;
+    if (*q == ']') {
+      c.end = ChunkEnd::kClosed;
+      break;
+    }
+  }
+  c.stop = p;
+}
+
+// The list from `first` (its first element, a digit) in chunks, the handler and `helper`'s thread
+// taking turns (ListHelper); appends the joined chunks' tokens to *tokens (feeding `sink`).
+// Returns where the sequential scanner goes on: an element's first byte, or past the list's ']'
+// (*closed set). `have`: how much of the body the handler saw.
+const char* JoinChunks(ListHelper& helper, const ArrivingBody& body, const char* first,
+                       size_t& have, size_t max_n, std::vector<int64_t>* tokens, TokenSink* sink,
+                       bool* closed) {
+  const ListHelper::Options& o = helper.options();
+  ListHelper::Job job;
+  job.body = &body;
+  job.data = body.data();
+  job.size = body.size();
+  job.first = first;
+  job.max_n = max_n;
+  const size_t list_bytes = static_cast<size_t>(job.data + job.size - first);
+  job.chunk_bytes = std::max(o.chunk_bytes, (list_bytes + o.max_chunks - 1) / o.max_chunks);
+  job.chunks = (list_bytes + job.chunk_bytes - 1) / job.chunk_bytes;
+  job.chunk = std::make_unique<ListChunk[]>(job.chunks);
+  for (size_t i = 0; i < job.chunks; ++i) job.chunk[i].tokens = helper.Buffer(i);
+  helper.Post(&job);
+  const char* pos = first;
+  for (size_t joined = 0; joined < job.chunks;) {
+    ListChunk& c = job.chunk[joined];
+    if (c.done.load(std::memory_order_acquire) == 0) {
+      // Not read yet: read the next chunk nobody took, or (none left) wait for the helper's.
+      const size_t mine = job.next.fetch_add(1, std::memory_order_relaxed);
+      if (mine < job.chunks) {
+        ParseChunk(job, mine, have);
+        job.chunk[mine].done.store(1, std::memory_order_release);
+        continue;
+      }
+      for (int spins = 0; c.done.load(std::memory_order_acquire) == 0; ++spins) {
+        if (spins % 64 == 63) {
+          std::this_thread::yield();
+        } else {
+#if defined(__x86_64__)
+          __builtin_ia32_pause();
+#endif
+        }
+      }
+    }
+    // Joined only where the last chunk stopped, and within the item limit.
+    if (c.start != pos || tokens->size() + c.tokens->size() > max_n) break;
+    tokens->insert(tokens->end(), c.tokens->begin(), c.tokens->end());
+    if (sink != nullptr) sink->Tokens(tokens->data(), tokens->size());
+    pos = c.stop;
+    ++joined;
+    if (c.end == ChunkEnd::kClosed) {
+      *closed = true;
+      break;
+    }
+    if (c.end == ChunkEnd::kRefused) break;
+  }
+  job.over.store(true, std::memory_order_release);
+  helper.Retire(&job);
+  return pos;
+}
+#endif  // __SSE2__
+
+}  // namespace
+
+ListHelper::ListHelper(Options options) : options_(options), buffers_(options.max_chunks) {
+  thread_ = std::thread([this] { Run(); });
+  pthread_setname_np(thread_.native_handle(), "kvo-list-parse");
+}
+
+ListHelper::~ListHelper() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  thread_.join();
+}
+
+std::unique_ptr<ListHelper::Lease> ListHelper::TryLease() {
+  bool expected = false;
+  if (!leased_.compare_exchange_strong(expected, true, std::memory_order_acquire)) return nullptr;
+  return std::unique_ptr<Lease>(new Lease(this));
+}
+
+ListHelper::Lease::~Lease() {
+  // A long list's buffers are not kept (the ones of a 128k-token list are: 128 kB each).
+  for (std::vector<int64_t>& b : helper_->buffers_) {
+    if (b.capacity() > (64u << 10)) std::vector<int64_t>().swap(b);
+  }
+  helper_->leased_.store(false, std::memory_order_release);
+}
+
+std::vector<int64_t>* ListHelper::Buffer(size_t i) { return &buffers_[i]; }
+
+void ListHelper::Post(Job* job) {
+  {
+    MutexLock lock(&mu_);
+    posted_ = job;
+  }
+  cv_.SignalAll();
+}
+
+void ListHelper::Retire(Job* job) {
+  MutexLock lock(&mu_);
+  if (posted_ == job) posted_ = nullptr;  // never taken
+  while (working_ == job) cv_.Wait();
+}
+
+void ListHelper::Run() {
+  for (;;) {
+    Job* job = nullptr;
+    {
+      MutexLock lock(&mu_);
+      while (posted_ == nullptr && !stop_) cv_.Wait();
+      if (stop_) return;
+      job = std::exchange(posted_, nullptr);
+      working_ = job;
+    }
+#if defined(__SSE2__)
+    size_t have = 0;
+    while (!job->over.load(std::memory_order_acquire)) {
+      const size_t i = job->next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= job->chunks) break;
+      ParseChunk(*job, i, have);
+      job->chunk[i].done.store(1, std::memory_order_release);
+      chunks_by_helper_.fetch_add(1, std::memory_order_relaxed);
+    }
+#endif
+    {
+      MutexLock lock(&mu_);
+      working_ = nullptr;
+    }
+    cv_.SignalAll();
+  }
+}
 
 Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_t max_items,
                                      TokenSink* sink) {
@@ -1276,7 +1513,8 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
   return head;
 }
 
-Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items, TokenSink* sink) {
+Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items, TokenSink* sink,
+                                     ListHelper* lists) {
   const char* const data = body.data();
   const size_t size = body.size();
   size_t have = 0;
@@ -1345,7 +1583,17 @@ Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items
 #if defined(__SSE2__)
   if constexpr (std::endian::native == std::endian::little) {
     started = p < data + have && IsDigit(*p);
-    while (started) {
+    // A long list: in chunks, with the helper's thread (ListHelper).
+    const size_t list_bytes = static_cast<size_t>(data + size - p);
+    if (started && lists != nullptr && list_bytes >= lists->options().min_list_bytes &&
+        list_bytes <= lists->options().max_list_bytes) {
+      if (std::unique_ptr<ListHelper::Lease> lease = lists->TryLease()) {
+        bool list_closed = false;
+        p = JoinChunks(*lists, body, p, have, max_n, &tokens, feed_to, &list_closed);
+        if (list_closed) closed = p;
+      }
+    }
+    while (started && closed == nullptr) {
       const char* const end = data + have;
       if (FastIntRun(p, end, data, max_n, &tokens, feed_to)) {
         closed = p;

@@ -21,13 +21,17 @@
 // Keys these routes do not know are ignored (the peers' clients send more than they read).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/result.h"
 #include "indexer/indexer.h"
 
@@ -118,6 +122,70 @@ class TokenSink {
   virtual void End(bool ok) = 0;
 };
 
+// A thread that parses part of a long /query token list while the handler parses the rest (the
+// parse is the longest step of a 128k-token /query on a slow core: ~350 us for 820 kB). The list's
+// bytes are cut into chunks; the handler and the helper each take the next chunk nobody has
+// taken, read its elements (those whose first digit lies in it) into a buffer of the chunk's own,
+// and the handler joins the chunks in order, feeding the sink as each joins. A chunk joins only
+// where the last one stopped (its first element is where the sequential scanner would be), so
+// the answer is the sequential parse's; at anything a chunk cannot take (a defect, a number
+// that is not compact, the item limit, the list's end) the handler reads on sequentially from
+// there. One query at a time holds it (TryLease); the others parse alone.
+class ListHelper {
+ public:
+  struct Options {
+    size_t chunk_bytes = 32u << 10;     // at least this much list per chunk
+    size_t max_chunks = 64;             // longer lists: longer chunks
+    size_t min_list_bytes = 192u << 10;  // shorter bodies are parsed by the handler alone
+    size_t max_list_bytes = 16u << 20;   // and longer ones too (the chunks' buffers stay bounded)
+  };
+  struct Job;  // router_api.cc
+  class Lease {
+   public:
+    ~Lease();  // gives the helper back
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ListHelper* helper() const { return helper_; }
+
+   private:
+    friend class ListHelper;
+    explicit Lease(ListHelper* h) : helper_(h) {}
+    ListHelper* const helper_;
+  };
+
+  explicit ListHelper(Options options);
+  ~ListHelper();  // stops and joins the thread (no lease may be held)
+  ListHelper(const ListHelper&) = delete;
+  ListHelper& operator=(const ListHelper&) = delete;
+
+  // The helper for one query's parse, or nullptr while another query holds it.
+  std::unique_ptr<Lease> TryLease();
+  const Options& options() const { return options_; }
+  // Chunks the helper thread parsed, so far (tests, the bench's note).
+  uint64_t chunks_by_helper() const { return chunks_by_helper_.load(std::memory_order_relaxed); }
+
+  // For ParseRouterQuery (the lease holder): hands `job` to the thread; Retire returns once the
+  // thread has left it (or never took it).
+  void Post(Job* job);
+  void Retire(Job* job);
+  // The lease holder's buffer for chunk i (reused query after query).
+  std::vector<int64_t>* Buffer(size_t i);
+
+ private:
+  void Run();
+
+  const Options options_;
+  std::atomic<bool> leased_{false};
+  std::atomic<uint64_t> chunks_by_helper_{0};
+  std::vector<std::vector<int64_t>> buffers_;  // the lease holder's
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  Job* posted_ GUARDED_BY(mu_) = nullptr;   // handed over, not yet taken
+  Job* working_ GUARDED_BY(mu_) = nullptr;  // taken, the thread in it
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 // by_hash: /query_by_hash ("seq_hashes" or "block_hash"), else /query ("token_ids"). A list
 // longer than max_items is a 400 (checked on the text before the DOM is built). `sink` (optional,
 // /query only): fed the token ids as they are read.
@@ -127,8 +195,9 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
 // above on the whole body, but the members before "token_ids" are read (and the sink begun) from
 // its first piece and the list's compact ids as each piece lands, so the parse ends with the
 // transfer. A body that never completes: InvalidArgument (the server drops the answer).
+// `lists` (optional): a second thread that parses part of a long token list (ListHelper).
 Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items,
-                                     TokenSink* sink = nullptr);
+                                     TokenSink* sink = nullptr, ListHelper* lists = nullptr);
 // The same without the list scanner (the whole body through the JSON DOM): the reference the
 // scanner must agree with (router_api_test, router_query_fuzz).
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,

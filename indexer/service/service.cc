@@ -67,6 +67,11 @@ Status IndexerService::Impl::RegisterMetrics() {
   KVO_ASSIGN_OR_RETURN(parsed_arriving, parse_family->WithLabels({"arriving"}));
   KVO_ASSIGN_OR_RETURN(parsed_whole, parse_family->WithLabels({"whole"}));
   KVO_ASSIGN_OR_RETURN(
+      list_chunks_on_helper,
+      metrics.AddCounter("kvo_indexer_query_list_chunks_on_helper",
+                         "POST /query token list chunks read by the list helper's thread while "
+                         "the handler read the others (lists of 192 kB or more, 8 CPUs or more)"));
+  KVO_ASSIGN_OR_RETURN(
       helper_start,
       metrics.AddHistogram("kvo_indexer_query_helper_start_seconds",
                            "POST /query: from the key helper's job posted to the helper starting "
@@ -593,6 +598,11 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     // helper walks while it waits for the parser).
     impl->key_helper = std::make_unique<KeyHelper>(impl->index.get(), impl->clock,
                                                    std::thread::hardware_concurrency() >= 4);
+  }
+  if (options.parallel_list_parse && options.parse_arriving_queries &&
+      std::thread::hardware_concurrency() >= options.list_helper_min_cpus) {
+    // The handler, the I/O thread, the key helper's two threads and this one: cores for each.
+    impl->list_helper = std::make_unique<ListHelper>(ListHelper::Options{});
   }
   KVO_RETURN_IF_ERROR(impl->RegisterMetrics());
   CounterFamily* checked = nullptr;

@@ -51,6 +51,10 @@ struct ServiceOptions {
   // With follow_query_bodies: POST /query's handler parses the token list while it arrives
   // (HttpServerOptions::arriving_paths, ParseRouterQuery on an ArrivingBody) instead of after.
   bool parse_arriving_queries = true;
+  // With parse_arriving_queries, on a machine of list_helper_min_cpus CPUs or more: a long token
+  // list (192 kB or more) is parsed in chunks by the handler and a helper thread together (ListHelper).
+  bool parallel_list_parse = true;
+  unsigned list_helper_min_cpus = 8;  // tests: 1
 };
 
 class IndexerService {

@@ -418,8 +418,16 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
       !by_hash && key_helper != nullptr ? key_helper->TryLease() : nullptr;
   const bool arriving = r.arriving != nullptr && !by_hash;
   if (!by_hash) (arriving ? parsed_arriving : parsed_whole)->Increment();
-  auto q = arriving ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys.get())
+  // The list helper's chunks for this query (one query holds it at a time; it has left the job
+  // when the parse returns).
+  const uint64_t chunks_before = list_helper != nullptr ? list_helper->chunks_by_helper() : 0;
+  auto q = arriving ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys.get(),
+                                      list_helper.get())
                     : ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys.get());
+  if (list_helper != nullptr && list_helper->chunks_by_helper() != chunks_before) {
+    list_chunks_on_helper->Increment(
+        static_cast<double>(list_helper->chunks_by_helper() - chunks_before));
+  }
   if (!q.ok()) {
     score_bad->Increment();
     return JsonError(400, std::string(q.status().message()));

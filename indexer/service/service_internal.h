@@ -153,6 +153,7 @@ struct IndexerService::Impl {
   // Walks /query keys in `index` (declared after it: destroyed first). Null: /query hashes and
   // walks its keys on its own thread.
   std::unique_ptr<KeyHelper> key_helper;
+  std::unique_ptr<ListHelper> list_helper;  // a long /query list parsed by two threads
   MetricsRegistry metrics;
   // Serialises /register and /unregister (held across their SQLite writes and thread joins).
   // Order: reg_op_mu -> registry_mu -> a stream's mu.
@@ -184,6 +185,7 @@ struct IndexerService::Impl {
   // /query bodies parsed as they arrived (HttpServerOptions::arriving_paths) or once complete.
   Counter* parsed_arriving = nullptr;
   Counter* parsed_whole = nullptr;
+  Counter* list_chunks_on_helper = nullptr;  // ListHelper::chunks_by_helper, query by query
   Histogram* helper_start = nullptr;
   Histogram* helper_wait = nullptr;
   // /query answer plans: held now (query_plans.size()), and built (a scope's first query since

@@ -6,7 +6,9 @@
 // (each piece only when the parser asks for more, so it works at every boundary; bytes not yet
 // delivered are junk that would change the answer if read) or by a thread of their own (TSan
 // sees any read past what was announced); bodies that stop arriving midway; and the key helper
-// fed while the list arrives gives the keys of the whole prompt. Seeds printed.
+// fed while the list arrives gives the keys of the whole prompt; a long list read in chunks by the
+// handler and a ListHelper's thread (chunks down to a few bytes, so every boundary comes up)
+// answers as the whole-body parse. Seeds printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -60,6 +64,7 @@ class PiecewiseBody final : public ArrivingBody {
       const uint64_t w = word_.load(std::memory_order_acquire);
       if ((w >> 1) > have || (w & 1) != 0) return w >> 1;
       if (!feeder_.joinable()) {
+        std::lock_guard<std::mutex> lock(deliver_mu_);  // the handler and a list helper
         DeliverNext();
         continue;
       }
@@ -96,6 +101,7 @@ class PiecewiseBody final : public ArrivingBody {
   const std::optional<size_t> stop_at_;
   mutable std::atomic<uint64_t> word_{0};  // (bytes in place << 1) | ended
   mutable std::atomic<int> waits_{0};
+  mutable std::mutex deliver_mu_;
   std::thread feeder_;
 };
 
@@ -344,6 +350,95 @@ TEST(ArrivingQueryTest, TheKeyHelperFedWhileTheListArrivesGivesThePromptsKeys) {
     ASSERT_EQ(keys, *ContentKeys(tokens, bs, "")) << "round " << round;
   }
   EXPECT_GT(with_keys, 0);
+}
+
+// A list read in chunks by the handler and a ListHelper's thread (ParseRouterQuery's `lists`):
+// the whole-body parse's answer and sink job whatever the chunks' size (from 9 bytes: most cut an
+// element, many hold none, some start inside a member after the list), the pieces the body comes
+// in, the defects in the list or the item limit; and a body that stops arriving is an error with
+// the sink ended, the helper's thread out of the job.
+TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::vector<std::unique_ptr<ListHelper>> helpers;
+  for (const size_t chunk : {9, 24, 64, 200, 2000}) {
+    ListHelper::Options o;
+    o.chunk_bytes = chunk;
+    o.max_chunks = 4096;
+    o.min_list_bytes = 0;
+    helpers.push_back(std::make_unique<ListHelper>(o));
+  }
+  int accepted = 0;
+  int fed = 0;
+  for (int round = 0; round < 2000; ++round) {
+    int64_t max_items = 0;
+    const std::string body = RandomBody(rng, &max_items);
+    const Result<RouterQuery> want = ParseRouterQuery(body, false, max_items);
+    const bool stops = rng() % 8 == 0;
+    const std::optional<size_t> stop_at =
+        stops ? std::optional<size_t>(rng() % body.size()) : std::nullopt;
+    PiecewiseBody arriving(body, RandomCuts(rng, body.size()), rng() % 2 == 0, stop_at);
+    RecordingSink sink(&arriving);
+    ListHelper& lists = *helpers[rng() % helpers.size()];
+    const Result<RouterQuery> got = ParseRouterQuery(arriving, max_items, &sink, &lists);
+    SCOPED_TRACE("round " + std::to_string(round) + " chunk bytes " +
+                 std::to_string(lists.options().chunk_bytes));
+    ASSERT_EQ(sink.ends, sink.begins) << "Begin without End";
+    if (stops) {
+      ASSERT_FALSE(got.ok()) << body.substr(0, 300);
+      EXPECT_EQ(got.status().message(), "the body ended before its Content-Length");
+      continue;
+    }
+    ExpectSameQuery(got, want, body);
+    if (sink.ends == 1 && sink.ok) {
+      ASSERT_TRUE(got.ok());
+      ASSERT_EQ(sink.tokens, got->token_ids.size());
+      ASSERT_TRUE(got->token_ids.empty() ||
+                  std::equal(got->token_ids.begin(), got->token_ids.end(), sink.data));
+      ++fed;
+    }
+    accepted += got.ok() ? 1 : 0;
+  }
+  uint64_t by_helper = 0;
+  for (const auto& h : helpers) by_helper += h->chunks_by_helper();
+  std::printf("accepted %d of 2000, sink fed the whole list %d; chunks read by the helpers %llu\n",
+              accepted, fed, static_cast<unsigned long long>(by_helper));
+  EXPECT_GT(accepted, 500);
+  EXPECT_GT(by_helper, 1000u);  // the helpers' thread did take chunks
+}
+
+// A 128k-token list (the bench's) in the default chunks, with the key helper fed from the joined
+// chunks: the prompt's tokens and keys.
+TEST(ArrivingQueryTest, ALongListInDefaultChunksGivesThePromptsTokensAndKeys) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  KeyHelper keys;
+  ListHelper lists(ListHelper::Options{});
+  for (int round = 0; round < 6; ++round) {
+    std::vector<int64_t> tokens(131072);
+    for (auto& t : tokens) t = static_cast<int64_t>(rng() % 150000);
+    const bool spaced = round % 3 == 2;
+    std::string body = R"({"model":"m","block_size":16,"token_ids":[)";
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      body += (i ? (spaced ? ", " : ",") : "") + std::to_string(tokens[i]);
+    }
+    body += "]}";
+    std::vector<size_t> cuts;
+    for (size_t at = 64u << 10; at < body.size(); at += 128u << 10) cuts.push_back(at);
+    PiecewiseBody arriving(body, cuts, rng() % 2 == 0, std::nullopt);
+    auto lease = keys.TryLease();
+    ASSERT_NE(lease, nullptr);
+    auto q = ParseRouterQuery(arriving, 1 << 20, lease.get(), &lists);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    ASSERT_EQ(q->token_ids, tokens) << "round " << round;
+    const std::vector<uint64_t> got = lease->TakeKeys();
+    if (!got.empty()) {
+      ASSERT_EQ(got, *ContentKeys(tokens, 16, "")) << "round " << round;
+    }
+  }
+  EXPECT_GT(lists.chunks_by_helper(), 0u);
 }
 
 }  // namespace

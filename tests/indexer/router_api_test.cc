@@ -413,7 +413,8 @@ TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
 // Large /query bodies over real HTTP, where the handler parses the token list while the body
 // arrives (ServiceOptions::parse_arriving_queries): sent in random pieces, with the members in
 // random order (block_size and lora_name before or after the list), compact or spaced lists, and
-// now and then a bad field after the list; each answer equals the handler's on the whole body.
+// now and then a bad field after the list; each answer equals the handler's on the whole body
+// (the lists of 192 kB or more read in chunks by the handler and the list helper's thread).
 // Then a client that goes away mid-body, and the next query still answered. Seed printed.
 TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
   Publisher r0 = MakePublisher(dir_.path() + "/j0");
@@ -424,6 +425,7 @@ TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
   r0.pub->Flush();
   ServiceOptions o;
   o.parse_arriving_queries = true;
+  o.list_helper_min_cpus = 1;  // the long lists in chunks, with the list helper, on any machine
   auto started = IndexerService::Start(Config(), o);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   IndexerService& svc = **started;
@@ -477,6 +479,8 @@ TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
   EXPECT_GT(matched, 0);
   EXPECT_GT(Metric(svc, R"(kvo_indexer_query_parses_total{when="arriving"})"), 0)
       << "no body was parsed as it arrived: the arriving path went untested";
+  EXPECT_GT(Metric(svc, "kvo_indexer_query_list_chunks_on_helper_total"), 0)
+      << "no list was read in chunks with the list helper";
   // Gone mid-body, then the next query on a new connection.
   {
     testing::RawHttpConn gone(svc.http_port());
