@@ -1280,8 +1280,8 @@ struct ListHelper::Job {
   size_t chunk_bytes = 0;
   size_t chunks = 0;
   std::unique_ptr<ListChunk[]> chunk;
-  std::atomic<size_t> next{0};     // the next chunk nobody took
-  std::atomic<bool> over{false};   // the handler joined what it will: take no more
+  std::atomic<size_t> next{0};    // the next chunk nobody took
+  std::atomic<bool> over{false};  // the handler joined what it will: take no more
 };
 
 namespace {

@@ -134,8 +134,8 @@ class TokenSink {
 class ListHelper {
  public:
   struct Options {
-    size_t chunk_bytes = 32u << 10;     // at least this much list per chunk
-    size_t max_chunks = 64;             // longer lists: longer chunks
+    size_t chunk_bytes = 32u << 10;      // at least this much list per chunk
+    size_t max_chunks = 64;              // longer lists: longer chunks
     size_t min_list_bytes = 192u << 10;  // shorter bodies are parsed by the handler alone
     size_t max_list_bytes = 16u << 20;   // and longer ones too (the chunks' buffers stay bounded)
   };

@@ -52,7 +52,8 @@ struct ServiceOptions {
   // (HttpServerOptions::arriving_paths, ParseRouterQuery on an ArrivingBody) instead of after.
   bool parse_arriving_queries = true;
   // With parse_arriving_queries, on a machine of list_helper_min_cpus CPUs or more: a long token
-  // list (192 kB or more) is parsed in chunks by the handler and a helper thread together (ListHelper).
+  // list (192 kB or more) is parsed in chunks by the handler and a helper thread together
+  // (ListHelper).
   bool parallel_list_parse = true;
   unsigned list_helper_min_cpus = 8;  // tests: 1
 };

@@ -422,7 +422,7 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
   // when the parse returns).
   const uint64_t chunks_before = list_helper != nullptr ? list_helper->chunks_by_helper() : 0;
   auto q = arriving ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys.get(),
-                                      list_helper.get())
+                                       list_helper.get())
                     : ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys.get());
   if (list_helper != nullptr && list_helper->chunks_by_helper() != chunks_before) {
     list_chunks_on_helper->Increment(

@@ -371,7 +371,7 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
   }
   int accepted = 0;
   int fed = 0;
-  for (int round = 0; round < 2000; ++round) {
+  for (int round = 0; round < 1200; ++round) {
     int64_t max_items = 0;
     const std::string body = RandomBody(rng, &max_items);
     const Result<RouterQuery> want = ParseRouterQuery(body, false, max_items);
@@ -402,10 +402,10 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
   }
   uint64_t by_helper = 0;
   for (const auto& h : helpers) by_helper += h->chunks_by_helper();
-  std::printf("accepted %d of 2000, sink fed the whole list %d; chunks read by the helpers %llu\n",
+  std::printf("accepted %d of 1200, sink fed the whole list %d; chunks read by the helpers %llu\n",
               accepted, fed, static_cast<unsigned long long>(by_helper));
-  EXPECT_GT(accepted, 500);
-  EXPECT_GT(by_helper, 1000u);  // the helpers' thread did take chunks
+  EXPECT_GT(accepted, 300);
+  EXPECT_GT(by_helper, 500u);  // the helpers' thread did take chunks
 }
 
 // A 128k-token list (the bench's) in the default chunks, with the key helper fed from the joined
