@@ -4,13 +4,43 @@
 // or throw; an error is InvalidArgument with a bounded message; the scanner agrees with the
 // reference parser (the whole body through the DOM, ParseRouterQueryReference): both accept with
 // equal fields, or both refuse. The first input byte picks the route (bit 0) and the item limit
-// (bits 1-3: 1, 2, 4, ... 128 items); the rest is the body.
+// (bits 1-3: 1, 2, 4, ... 128 items); the rest is the body. /query bodies are also read as an
+// arriving body whose list goes in 16-byte chunks to a ListHelper's thread (chunk boundaries in
+// and around every element): the same answer as the whole-body scanner.
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "http/http_server.h"
 #include "indexer/service/router_api.h"
 #include "tests/fuzz/fuzz_check.h"
+
+namespace {
+
+// A body that has arrived whole.
+class WholeBody final : public kvo::ArrivingBody {
+ public:
+  explicit WholeBody(std::string_view b) : b_(b) {}
+  const char* data() const override { return b_.data(); }
+  size_t size() const override { return b_.size(); }
+  size_t WaitBeyond(size_t) const override { return b_.size(); }
+
+ private:
+  std::string_view b_;
+};
+
+kvo::ListHelper& Lists() {
+  static auto* lists = [] {
+    kvo::ListHelper::Options o;
+    o.chunk_bytes = 16;
+    o.max_chunks = 1u << 16;
+    o.min_list_bytes = 0;
+    return new kvo::ListHelper(o);  // leaked: its thread outlives the fuzzer's last input
+  }();
+  return *lists;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -20,6 +50,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   kvo::Result<kvo::RouterQuery> fast = kvo::ParseRouterQuery(body, by_hash, max_items);
   kvo::Result<kvo::RouterQuery> ref = kvo::ParseRouterQueryReference(body, by_hash, max_items);
+  if (!by_hash && !body.empty()) {
+    const WholeBody arrived(body);
+    kvo::Result<kvo::RouterQuery> chunked =
+        kvo::ParseRouterQuery(arrived, max_items, nullptr, &Lists());
+    FUZZ_CHECK(chunked.ok() == fast.ok(), "chunked %s, scanner %s on %s",
+               chunked.status().ToString().c_str(), fast.status().ToString().c_str(),
+               kvo_fuzz::Preview(body).c_str());
+    FUZZ_CHECK(!chunked.ok() || chunked->token_ids == fast->token_ids,
+               "chunked token_ids differ (%zu / %zu items) on %s", chunked->token_ids.size(),
+               fast->token_ids.size(), kvo_fuzz::Preview(body).c_str());
+  }
   FUZZ_CHECK(fast.ok() == ref.ok(), "scanner %s, reference %s on %s",
              fast.status().ToString().c_str(), ref.status().ToString().c_str(),
              kvo_fuzz::Preview(body).c_str());
