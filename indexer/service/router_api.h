@@ -1,7 +1,8 @@
 // The Mooncake/Dynamo indexer HTTP API (RFC #1403, docs/router-api.md §1-2) as pure
 // functions: parsing /register, /unregister, /query and /query_by_hash bodies, the tiered match
-// of one stream, and rendering the answers. No sockets, no state; thread-safe. The service
-// (service.cc) owns the registrations and the subscriptions.
+// of one stream, and rendering the answers. No sockets, no state; thread-safe (ListHelper, the
+// one class with a thread, is handed to the /query parse by its owner). The service (service.cc)
+// owns the registrations, the subscriptions and the helpers.
 //
 //   POST /register   {"endpoint", "replay_endpoint"?, "type", "modelname" | "model_name" |
 //                     "model", "lora_name"?, "tenant_id"?, "instance_id", "block_size",
