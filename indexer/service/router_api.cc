@@ -1427,9 +1427,11 @@ std::unique_ptr<ListHelper::Lease> ListHelper::TryLease() {
 }
 
 ListHelper::Lease::~Lease() {
-  // A long list's buffers are not kept (the ones of a 128k-token list are: 128 kB each).
+  // Only buffers of the smallest chunks are kept (a 128k-token list's: 128 kB each, 8 MB for all
+  // max_chunks at most); a longer list's longer chunks give theirs back.
+  const size_t keep = helper_->options_.chunk_bytes / 2 + 2;
   for (std::vector<int64_t>& b : helper_->buffers_) {
-    if (b.capacity() > (64u << 10)) std::vector<int64_t>().swap(b);
+    if (b.capacity() > keep) std::vector<int64_t>().swap(b);
   }
   helper_->leased_.store(false, std::memory_order_release);
 }
