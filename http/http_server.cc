@@ -24,6 +24,7 @@
 
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/spin.h"
 
 namespace kvo {
 namespace {
@@ -115,9 +116,7 @@ class Arrival {
       const uint32_t w = word_.load(std::memory_order_acquire);
       if ((w >> 2) > have || (w & 3) != kReading) return w;
       if (spin && (spins % 64 != 63 || std::chrono::steady_clock::now() - since < kSpinFor)) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
+        CpuRelax();
         continue;
       }
       word_.wait(w, std::memory_order_acquire);

@@ -2,37 +2,10 @@
 
 #include <span>
 
+#include "common/spin.h"
 #include "indexer/indexer.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace kvo {
-namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-// Spins on `done` with a pause, yielding the CPU every so often (on a 2-vCPU machine the other
-// side may need this one).
-template <typename F>
-void SpinUntil(F done) {
-  for (int spins = 0; !done(); ++spins) {
-    if (spins % 64 == 63) {
-      std::this_thread::yield();
-    } else {
-      CpuRelax();
-    }
-  }
-}
-
-}  // namespace
 
 KeyHelper::KeyHelper(const Indexer* index, Clock* clock, bool walk_thread)
     : index_(index),

@@ -26,6 +26,7 @@
 
 #include "common/hex.h"
 #include "common/json.h"
+#include "common/spin.h"
 #include "events/kv_events_config.h"
 #include "http/http_server.h"
 #include "indexer/service/sources_config.h"
@@ -1317,15 +1318,12 @@ void ParseChunk(const ListHelper::Job& job, size_t i, size_t& have) {
       c.end = ChunkEnd::kNext;
       break;
     }
+    const char* const before = p;
     if (FastIntRun(p, b, data, job.max_n, c.tokens, nullptr)) {
       c.end = ChunkEnd::kClosed;
       break;
     }
-    SkipSpaceAfterComma(p, all_end);
-    if (p >= b) {
-      c.end = ChunkEnd::kNext;
-      break;
-    }
+    if (p != before) continue;  // it took some: the boundary again
     // One element by FastIntRun's per-element rules: 1-7 digits, no leading zero, ',' or ']'.
     const char* q = p;
     while (q < all_end && q - p < 8 && IsDigit(*q)) ++q;
@@ -1376,15 +1374,7 @@ const char* JoinChunks(ListHelper& helper, const ArrivingBody& body, const char*
         job.chunk[mine].done.store(1, std::memory_order_release);
         continue;
       }
-      for (int spins = 0; c.done.load(std::memory_order_acquire) == 0; ++spins) {
-        if (spins % 64 == 63) {
-          std::this_thread::yield();
-        } else {
-#if defined(__x86_64__)
-          __builtin_ia32_pause();
-#endif
-        }
-      }
+      SpinUntil([&c] { return c.done.load(std::memory_order_acquire) != 0; });
     }
     // Joined only where the last chunk stopped, and within the item limit.
     if (c.start != pos || tokens->size() + c.tokens->size() > max_n) break;

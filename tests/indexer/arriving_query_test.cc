@@ -220,6 +220,30 @@ void ExpectSameQuery(const Result<RouterQuery>& got, const Result<RouterQuery>& 
   ASSERT_EQ(got->token_ids, want->token_ids) << shown;
 }
 
+// The job the sink was given is the answer's: every token, from one buffer that never moved.
+void ExpectSinkHeldTheAnswer(const RecordingSink& sink, const Result<RouterQuery>& got) {
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(sink.tokens, got->token_ids.size());
+  ASSERT_TRUE(got->token_ids.empty() ||
+              std::equal(got->token_ids.begin(), got->token_ids.end(), sink.data));
+}
+
+// A compact (or spaced) /query body of `tokens`, and the pieces the server reads it in (its first
+// read 64 KiB, then 128 KiB at a time).
+std::string PromptBody(const std::vector<int64_t>& tokens, int64_t block_size, bool spaced) {
+  std::string body =
+      R"({"model":"m","block_size":)" + std::to_string(block_size) + R"(,"token_ids":[)";
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    body += (i ? (spaced ? ", " : ",") : "") + std::to_string(tokens[i]);
+  }
+  return body + "]}";
+}
+std::vector<size_t> ServerCuts(size_t size) {
+  std::vector<size_t> cuts;
+  for (size_t at = 64u << 10; at < size; at += 128u << 10) cuts.push_back(at);
+  return cuts;
+}
+
 TEST(ArrivingQueryTest, PiecesInLockstepAnswerAsTheWholeBody) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -240,12 +264,9 @@ TEST(ArrivingQueryTest, PiecesInLockstepAnswerAsTheWholeBody) {
     ASSERT_EQ(sink.ends, sink.begins) << "Begin without End";
     if (sink.ends == 1 && sink.ok) {
       // The job the sink was given is the answer's: its block size, LoRA and every token.
-      ASSERT_TRUE(got.ok());
+      ASSERT_NO_FATAL_FAILURE(ExpectSinkHeldTheAnswer(sink, got));
       EXPECT_EQ(sink.block_size, got->block_size);
       EXPECT_EQ(sink.lora, got->lora_name);
-      ASSERT_EQ(sink.tokens, got->token_ids.size());
-      ASSERT_TRUE(got->token_ids.empty() ||
-                  std::equal(got->token_ids.begin(), got->token_ids.end(), sink.data));
       EXPECT_GE(sink.max_tokens, got->token_ids.size());
       fed_while_arriving += sink.tokens_while_arriving > 0 ? 1 : 0;
       begun_early += sink.begun_at < body.size() ? 1 : 0;
@@ -333,12 +354,8 @@ TEST(ArrivingQueryTest, TheKeyHelperFedWhileTheListArrivesGivesThePromptsKeys) {
     const int64_t bs = std::vector<int64_t>{1, 16, 64}[rng() % 3];
     std::vector<int64_t> tokens(rng() % 2 == 0 ? 131072 : rng() % 5000);
     for (auto& t : tokens) t = static_cast<int64_t>(rng() % 150000);
-    std::string body = R"({"model":"m","block_size":)" + std::to_string(bs) + R"(,"token_ids":[)";
-    for (size_t i = 0; i < tokens.size(); ++i) body += (i ? "," : "") + std::to_string(tokens[i]);
-    body += "]}";
-    std::vector<size_t> cuts;
-    for (size_t at = 64u << 10; at < body.size(); at += 128u << 10) cuts.push_back(at);
-    PiecewiseBody arriving(body, cuts, rng() % 2 == 0, std::nullopt);
+    const std::string body = PromptBody(tokens, bs, /*spaced=*/false);
+    PiecewiseBody arriving(body, ServerCuts(body.size()), rng() % 2 == 0, std::nullopt);
     auto lease = helper.TryLease();
     ASSERT_NE(lease, nullptr);
     auto q = ParseRouterQuery(arriving, 1 << 20, lease.get());
@@ -392,10 +409,7 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
     }
     ExpectSameQuery(got, want, body);
     if (sink.ends == 1 && sink.ok) {
-      ASSERT_TRUE(got.ok());
-      ASSERT_EQ(sink.tokens, got->token_ids.size());
-      ASSERT_TRUE(got->token_ids.empty() ||
-                  std::equal(got->token_ids.begin(), got->token_ids.end(), sink.data));
+      ASSERT_NO_FATAL_FAILURE(ExpectSinkHeldTheAnswer(sink, got));
       ++fed;
     }
     accepted += got.ok() ? 1 : 0;
@@ -419,15 +433,8 @@ TEST(ArrivingQueryTest, ALongListInDefaultChunksGivesThePromptsTokensAndKeys) {
   for (int round = 0; round < 6; ++round) {
     std::vector<int64_t> tokens(131072);
     for (auto& t : tokens) t = static_cast<int64_t>(rng() % 150000);
-    const bool spaced = round % 3 == 2;
-    std::string body = R"({"model":"m","block_size":16,"token_ids":[)";
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      body += (i ? (spaced ? ", " : ",") : "") + std::to_string(tokens[i]);
-    }
-    body += "]}";
-    std::vector<size_t> cuts;
-    for (size_t at = 64u << 10; at < body.size(); at += 128u << 10) cuts.push_back(at);
-    PiecewiseBody arriving(body, cuts, rng() % 2 == 0, std::nullopt);
+    const std::string body = PromptBody(tokens, 16, /*spaced=*/round % 3 == 2);
+    PiecewiseBody arriving(body, ServerCuts(body.size()), rng() % 2 == 0, std::nullopt);
     auto lease = keys.TryLease();
     ASSERT_NE(lease, nullptr);
     auto q = ParseRouterQuery(arriving, 1 << 20, lease.get(), &lists);
