@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
-#include <thread>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -563,10 +562,8 @@ int RouterApiCase(const BenchOptions& o) {
   // KVO_BENCH_NO_ARRIVING=1: a followed /query body is parsed once complete (the comparison run).
   so.parse_arriving_queries = std::getenv("KVO_BENCH_NO_ARRIVING") == nullptr;
   // KVO_BENCH_NO_LIST_HELPER=1: an arriving list parsed by the handler alone (the comparison run;
-  // the helper runs only where the machine has 8 CPUs or more).
+  // the service runs the helper only on machines of ServiceOptions::list_helper_min_cpus CPUs).
   so.parallel_list_parse = std::getenv("KVO_BENCH_NO_LIST_HELPER") == nullptr;
-  const bool list_helper = so.parallel_list_parse && so.parse_arriving_queries &&
-                           std::thread::hardware_concurrency() >= 8;
   // KVO_BENCH_TOKEN_SCAN=N: the token scanner at level N or the best below it (TokenScan: 0
   // portable, 1 AVX2, 2 AVX-512 element-aligned windows, 3 AVX-512 at a fixed stride).
   const char* scan_level = std::getenv("KVO_BENCH_TOKEN_SCAN");
@@ -768,9 +765,9 @@ int RouterApiCase(const BenchOptions& o) {
           static_cast<int>(scan), Percentile(tokens ? t_transport : h_transport, p),
           !so.follow_query_bodies ? "the body read whole before a worker takes it"
           : tokens && so.parse_arriving_queries
-              ? (list_helper ? "the token list parsed as the body arrives, in chunks by the "
-                               "handler and a helper thread"
-                             : "the token list parsed as the body arrives")
+              ? (chunks_on_helper > 0 ? "the token list parsed as the body arrives, in chunks "
+                                        "by the handler and a helper thread"
+                                      : "the token list parsed as the body arrives")
               : "the body followed by a worker as it arrives",
           tokens ? KeysNote(so.parallel_query_keys, on_helper, in_walk, helper_start_us,
                             helper_wait_us, served_us)
