@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <unordered_map>
 
@@ -564,6 +565,11 @@ int RouterApiCase(const BenchOptions& o) {
   // KVO_BENCH_NO_LIST_HELPER=1: an arriving list parsed by the handler alone (the comparison run;
   // the service runs the helper only on machines of ServiceOptions::list_helper_min_cpus CPUs).
   so.parallel_list_parse = std::getenv("KVO_BENCH_NO_LIST_HELPER") == nullptr;
+  // KVO_BENCH_NO_TAKEOVER=1: the handler always waits for a helper that stalls (the comparison
+  // run; ServiceOptions::helper_patience_ns).
+  if (std::getenv("KVO_BENCH_NO_TAKEOVER") != nullptr) {
+    so.helper_patience_ns = std::numeric_limits<int64_t>::max();
+  }
   // KVO_BENCH_TOKEN_SCAN=N: the token scanner at level N or the best below it (TokenScan: 0
   // portable, 1 AVX2, 2 AVX-512 element-aligned windows, 3 AVX-512 at a fixed stride).
   const char* scan_level = std::getenv("KVO_BENCH_TOKEN_SCAN");
@@ -738,6 +744,14 @@ int RouterApiCase(const BenchOptions& o) {
     const double n = metric(metrics, name + "_count");
     return n > 0 ? metric(metrics, name + "_sum") / n * 1e6 : 0.0;
   };
+  // Helper work the handler took back during the timed loop (a helper that stalled).
+  auto taken_back = [&](const char* helper) {
+    const std::string key =
+        std::string("kvo_indexer_query_helper_takeovers_total{helper=\"") + helper + "\"}";
+    return metric(metrics, key) - metric(before_http, key);
+  };
+  const double list_takeovers = taken_back("list");
+  const double key_takeovers = taken_back("keys");
   const double helper_start_us = mean_us("kvo_indexer_query_helper_start_seconds");
   const double helper_wait_us = mean_us("kvo_indexer_query_helper_wait_seconds");
   char notes[1400];
@@ -777,12 +791,18 @@ int RouterApiCase(const BenchOptions& o) {
           p == 99 ? (P99Note(r.value, 1000) + SlowestNote(tokens ? t_http : h_http)).c_str() : "");
       r.notes = notes;
       if (tokens) {
-        char faults[320];
+        const std::string patience =
+            so.helper_patience_ns == std::numeric_limits<int64_t>::max()
+                ? "never: it waits for a stalled helper"
+                : "after " + std::to_string(so.helper_patience_ns / 1000) + " us without progress";
+        char faults[480];
         std::snprintf(faults, sizeof faults,
                       "; minor page faults per request (whole process): %.1f; list chunks read "
                       "by the list helper per request: %.1f; CPU time stolen by the hypervisor "
-                      "during the %.0f ms of the timed loop, all CPUs: %.0f ms",
-                      faults_per_query, chunks_on_helper, loop_ms, steal_ms);
+                      "during the %.0f ms of the timed loop, all CPUs: %.0f ms; helper work the "
+                      "handler took back (%s): %.0f list chunks, %.0f key jobs",
+                      faults_per_query, chunks_on_helper, loop_ms, steal_ms, patience.c_str(),
+                      list_takeovers, key_takeovers);
         r.notes += faults;
       }
       PrintResult(r, o);

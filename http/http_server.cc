@@ -520,8 +520,10 @@ class Session : public std::enable_shared_from_this<Session> {
                  keep_alive = head.keep_alive()]() mutable {
       const bool spin = self->srv_->early_spin;
       HttpResponse out;
+      // Lives until the answer's after_sent has run: a thread the handler shared it with may
+      // read it until then.
+      const BodyInPlace body(arrival.get(), data, size, spin);
       if (handler_reads) {
-        const BodyInPlace body(arrival.get(), data, size, spin);
         r.arriving = &body;
         out = self->RunHandler(r);
         r.arriving = nullptr;
@@ -531,7 +533,9 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!complete) {
         // The read failed: the I/O thread's Fail released the body's claim and ended the
         // connection; body_ may still be written by a read being cancelled (past what the
-        // handler was shown). The answer, if any, is dropped.
+        // handler was shown), and is not given back before this task (which holds the
+        // connection) ends. The answer, if any, is dropped.
+        if (out.after_sent) out.after_sent();
         self->srv_->pending.fetch_sub(1, std::memory_order_relaxed);
         return;
       }
@@ -559,11 +563,20 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // On a worker: frees the request and its claims, then sends `out`.
+  // On a worker: frees the request and its claims, then sends `out`. With an after_sent, the
+  // body's memory is kept until that has run (its claim still goes now: the I/O thread claims the
+  // connection's next body once the answer is out).
   void Answer(HttpRequest r, HttpResponse out, bool keep_alive) {
-    r.body = std::string();  // the body's memory goes before its claim does
+    std::function<void()> after = std::move(out.after_sent);
+    std::string body = std::move(r.body);
+    if (!after) body = std::string();  // the body's memory goes before its claim does
     body_bytes_.Release();
     srv_->pending.fetch_sub(1, std::memory_order_relaxed);
+    Send(std::move(out), keep_alive);
+    if (after) after();
+  }
+
+  void Send(HttpResponse out, bool keep_alive) {
     if (out.stream) return StreamOnWorker(out, keep_alive);
     RespondFromWorker(std::move(out), keep_alive);
   }

@@ -82,6 +82,11 @@ struct HttpResponse {
   std::string body;
   // Set: the body is streamed (chunked) by this producer, on the worker, and `body` is ignored.
   std::function<void(const ChunkWriter&)> stream;
+  // Set: run on the worker once the answer is handed to the socket (or dropped with its
+  // connection), before the request and its body are freed. For a handler's cleanup that need not
+  // delay the answer: a helper thread that may still be reading the body or the handler's buffers
+  // (the indexer's /query, indexer/DESIGN.md "A helper that stalls").
+  std::function<void()> after_sent;
 
   // An SSE stream: content type text/event-stream.
   static HttpResponse Stream(std::function<void(const ChunkWriter&)> producer,

@@ -7,10 +7,11 @@
 
 namespace kvo {
 
-KeyHelper::KeyHelper(const Indexer* index, Clock* clock, bool walk_thread)
+KeyHelper::KeyHelper(const Indexer* index, Clock* clock, Options options)
     : index_(index),
       clock_(clock),
-      walk_thread_(index != nullptr && walk_thread),
+      options_(std::move(options)),
+      walk_thread_(index != nullptr && options_.walk_thread),
       thread_([this] { Run(); }) {
   if (walk_thread_) walker_ = std::thread([this] { WalkRun(); });
 }
@@ -96,10 +97,12 @@ void KeyHelper::Run() {
         }
         // Hash what is there first (a few blocks at a time, so a cancel is seen soon): the chain
         // is the longest job and only this thread can do it.
+        if (options_.before_batch) options_.before_batch();
         keys_.resize(blocks + batch);  // with the walk thread: inside the reservation, no move
         parent = ChainContentKeys(parent, data + blocks * block_size, block_size, batch,
                                   keys_.data() + blocks);
         blocks += batch;
+        progress_.fetch_add(1, std::memory_order_relaxed);
         if (walk_thread) hashed_.store(blocks, std::memory_order_release);
         continue;
       }
@@ -110,6 +113,7 @@ void KeyHelper::Run() {
           break;  // the walk is over: no later key changes the answer
         }
         walked += step;
+        progress_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
       if (end == kComplete) {
@@ -168,6 +172,7 @@ void KeyHelper::WalkRun() {
           break;
         }
         walked += step;
+        progress_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
       if (state == kHashed) break;
@@ -215,9 +220,29 @@ void KeyHelper::Lease::End(bool ok) {
                                        std::memory_order_acq_rel)) {
     return;  // the helper had not started: it skips the job and never reads the tokens
   }
+  // Waits while the helper's threads make progress; End(true) gives up after
+  // give_up_after_ns without any (the tokens stay in place: the destructor waits instead).
   const int64_t wait_from = h.clock_->MonotonicNanos();
-  SpinUntil([&] { return h.finished_.load(std::memory_order_acquire) == generation_; });
+  uint64_t seen = h.progress_.load(std::memory_order_relaxed);
+  int64_t quiet_since = wait_from;
+  SpinUntil([&] {
+    if (h.finished_.load(std::memory_order_acquire) == generation_) return true;
+    if (!ok) return false;
+    const int64_t now = h.clock_->MonotonicNanos();
+    const uint64_t progress = h.progress_.load(std::memory_order_relaxed);
+    if (progress != seen) {
+      seen = progress;
+      quiet_since = now;
+      return false;
+    }
+    gave_up_ = now - quiet_since >= h.options_.give_up_after_ns;
+    return gave_up_;
+  });
   end_wait_ns_ = h.clock_->MonotonicNanos() - wait_from;
+  if (gave_up_) {
+    h.end_.store(kCancelled, std::memory_order_release);  // the helper drops it when it runs
+    return;
+  }
   start_delay_ns_ = h.start_delay_ns_;
   keys_ready_ = ok;
 }
@@ -235,6 +260,10 @@ std::optional<std::vector<Indexer::TieredMatch>> KeyHelper::Lease::TakeWalk() {
 
 KeyHelper::Lease::~Lease() {
   End(false);
+  if (gave_up_) {
+    // The helper may still read the tokens and own keys_: the next lease waits for it to leave.
+    SpinUntil([this] { return helper_->finished_.load(std::memory_order_acquire) == generation_; });
+  }
   helper_->leased_.store(false, std::memory_order_release);
 }
 

@@ -10,8 +10,17 @@
 // query gets no keys (the walk then hashes lazily, as without a helper), so a slow wake-up never
 // makes a query wait. Each job has a generation, part of every claim, so a helper that wakes late
 // for an old job can never claim a newer one with the old job's block size and LoRA.
-// Ownership: the token buffer is the parser's; End does not return while the helper reads it (so
-// the parser may free it after End); the keys are the helper's until it reports the job done.
+// Ownership: the token buffer is the parser's; End(false) does not return while the helper reads
+// it (so the parser may free it after End); the keys are the helper's until it reports the job
+// done.
+//
+// A helper that stalls (descheduled by the hypervisor or the kernel) does not hold the query up:
+// End(true) waits for the helper only while it makes progress (a batch of keys hashed or walked,
+// about a microsecond each); after `give_up_after_ns` without any, the lease gives the job up
+// (the helper drops it when it runs again) and the query gets no keys and no walk: the handler
+// walks them itself. The tokens End(true) was given are then read by the helper until the lease
+// is destroyed, so they must stay in place until then (ParseRouterQuery hands them over in
+// RouterQuery::token_ids; moving that vector keeps them in place).
 //
 // Given the index, the helper also walks the keys it hashed (Indexer::TieredWalk, every source:
 // /query's walk) whenever it waits for the parser, and the rest once the list is complete, so
@@ -23,6 +32,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -40,11 +51,22 @@ class KeyHelper {
  public:
   class Lease;
 
+  struct Options {
+    // With an index: the walk on a third thread of its own, following the hashing (for machines
+    // with cores to spare).
+    bool walk_thread = false;
+    // End(true) gives the job up after this long without progress from the helper's threads
+    // (the default: never; the service's is ServiceOptions::helper_patience_ns).
+    int64_t give_up_after_ns = std::numeric_limits<int64_t>::max();
+    // Tests: run on the helper's thread before each batch it hashes (to stall it there).
+    std::function<void()> before_batch;
+  };
+
   // index: walk each query's keys too (nullptr: keys only). clock: the times a lease reports
-  // (start_delay_ns, end_wait_ns). Both outlive the helper. walk_thread (with an index): the walk
-  // on a third thread of its own, following the hashing (for machines with cores to spare).
-  explicit KeyHelper(const Indexer* index = nullptr, Clock* clock = SystemClock(),
-                     bool walk_thread = false);
+  // (start_delay_ns, end_wait_ns) and End's patience. Both outlive the helper.
+  KeyHelper(const Indexer* index, Clock* clock, Options options);
+  explicit KeyHelper(const Indexer* index = nullptr, Clock* clock = SystemClock())
+      : KeyHelper(index, clock, Options()) {}
   ~KeyHelper();  // stops and joins the threads (no lease may be held)
   KeyHelper(const KeyHelper&) = delete;
   KeyHelper& operator=(const KeyHelper&) = delete;
@@ -84,8 +106,12 @@ class KeyHelper {
   std::vector<uint64_t> keys_;         // the helper's until finished_
   bool keys_complete_ = false;         // the helper's until finished_: every block hashed
   std::optional<std::vector<Indexer::TieredMatch>> walked_;  // the helper's until finished_
+  // Bumped by the helper after each batch it hashes or walks, and by the walk thread after each
+  // step: End(true) waits while it moves.
+  std::atomic<uint64_t> progress_{0};
   const Indexer* const index_;
   Clock* const clock_;
+  const Options options_;
   const bool walk_thread_;  // the walk on walker_ (declared before the threads that read it)
   // The walk thread's job (posted by the helper under mu_ after its claim): the generation, and
   // keys_'s storage (reserved for the most blocks the list can hold, so it never moves).
@@ -107,15 +133,17 @@ class KeyHelper {
 class KeyHelper::Lease : public TokenSink {
  public:
   explicit Lease(KeyHelper* helper) : helper_(helper) {}
-  ~Lease() override;  // waits for the helper to leave the job, then frees it
+  ~Lease() override;  // waits for the helper to leave the job (one given up too), then frees it
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
   void Begin(int64_t block_size, std::string_view lora_name, size_t max_tokens) override;
   void Tokens(const int64_t* data, size_t n) override;
   // Waits until the helper is done with the tokens, or claims the job first (then the helper
-  // skips it).
+  // skips it); End(true) gives the job up instead when the helper stalls (gave_up()).
   void End(bool ok) override;
+  // End(true) gave the job up: no keys, no walk; the destructor waits for the helper.
+  bool gave_up() const { return gave_up_; }
 
   // After End(true): the content keys of every complete block, when the helper hashed them; else
   // empty (it had not started in time, or the list was not read).
@@ -133,6 +161,7 @@ class KeyHelper::Lease : public TokenSink {
   uint64_t generation_ = 0;  // 0: not begun
   bool ended_ = false;
   bool keys_ready_ = false;
+  bool gave_up_ = false;
   int64_t start_delay_ns_ = -1;
   int64_t end_wait_ns_ = -1;
 };

@@ -1283,14 +1283,33 @@ struct ListHelper::Job {
   std::unique_ptr<ListChunk[]> chunk;
   std::atomic<size_t> next{0};    // the next chunk nobody took
   std::atomic<bool> over{false};  // the handler joined what it will: take no more
+  size_t takeovers = 0;           // chunks the handler read after the helper stalled on them
 };
 
 namespace {
 
-// Reads chunk i of `job` into c (see ListChunk), waiting for its bytes (and the 80 after them:
-// an element that starts in it ends past it). `have`: how much of the body this thread saw.
-void ParseChunk(const ListHelper::Job& job, size_t i, size_t& have) {
-  ListChunk& c = job.chunk[i];
+// The body bytes chunk i needs in place: its own and the 80 after them (an element that starts
+// in it ends past it).
+size_t ChunkNeeds(const ListHelper::Job& job, size_t i) {
+  const size_t end = i + 1 == job.chunks
+                         ? job.size
+                         : static_cast<size_t>(job.first - job.data) + (i + 1) * job.chunk_bytes;
+  return std::min<size_t>(end + 80, job.size);
+}
+
+// Waits until `need` bytes of the body are in place; false when it never completes. `have`: how
+// much of the body this thread saw.
+bool WaitForBytes(const ListHelper::Job& job, size_t need, size_t& have) {
+  while (have < need) {
+    const size_t now = job.body->WaitBeyond(have);
+    if (now <= have) return false;
+    have = now;
+  }
+  return true;
+}
+
+// Reads chunk i of `job` into c (see ListChunk), waiting for the bytes it needs.
+void ParseChunk(const ListHelper::Job& job, size_t i, size_t& have, ListChunk& c) {
   const char* const data = job.data;
   const char* const all_end = data + job.size;
   const char* const a = job.first + i * job.chunk_bytes;
@@ -1298,12 +1317,7 @@ void ParseChunk(const ListHelper::Job& job, size_t i, size_t& have) {
   c.tokens->clear();
   c.start = c.stop = nullptr;
   c.end = ChunkEnd::kRefused;
-  const size_t need = std::min<size_t>(static_cast<size_t>(b - data) + 80, job.size);
-  while (have < need) {
-    const size_t now = job.body->WaitBeyond(have);
-    if (now <= have) return;  // the body never completes
-    have = now;
-  }
+  if (!WaitForBytes(job, ChunkNeeds(job, i), have)) return;  // the body never completes
   const char* p = a;
   if (i != 0) {
     const char* const scan_end = std::min(a + 64, b);
@@ -1343,15 +1357,18 @@ void ParseChunk(const ListHelper::Job& job, size_t i, size_t& have) {
   c.stop = p;
 }
 
-// The list from `first` (its first element, a digit) in chunks, the handler and `helper`'s thread
-// taking turns (ListHelper); appends the joined chunks' tokens to *tokens (feeding `sink`).
+// The list from `first` (its first element, a digit) in chunks, the handler and the lease's
+// thread taking turns (ListHelper); appends the joined chunks' tokens to *tokens (feeding `sink`).
 // Returns where the sequential scanner goes on: an element's first byte, or past the list's ']'
 // (*closed set). `have`: how much of the body the handler saw.
-const char* JoinChunks(ListHelper& helper, const ArrivingBody& body, const char* first,
+const char* JoinChunks(ListHelper::Lease& lease, const ArrivingBody& body, const char* first,
                        size_t& have, size_t max_n, std::vector<int64_t>* tokens, TokenSink* sink,
                        bool* closed) {
+  ListHelper& helper = *lease.helper();
   const ListHelper::Options& o = helper.options();
-  ListHelper::Job job;
+  ListHelper::Job* const job_ptr = lease.NewJob();
+  if (job_ptr == nullptr) return first;  // the lease was used already: the handler reads alone
+  ListHelper::Job& job = *job_ptr;
   job.body = &body;
   job.data = body.data();
   job.size = body.size();
@@ -1363,33 +1380,51 @@ const char* JoinChunks(ListHelper& helper, const ArrivingBody& body, const char*
   job.chunk = std::make_unique<ListChunk[]>(job.chunks);
   for (size_t i = 0; i < job.chunks; ++i) job.chunk[i].tokens = helper.Buffer(i);
   helper.Post(&job);
+  // A chunk the helper stalled on, read again here (its own buffer: the helper may still write
+  // the chunk's).
+  std::vector<int64_t> spare;
+  ListChunk retaken;
+  retaken.tokens = &spare;
   const char* pos = first;
   for (size_t joined = 0; joined < job.chunks;) {
-    ListChunk& c = job.chunk[joined];
-    if (c.done.load(std::memory_order_acquire) == 0) {
+    ListChunk* c = &job.chunk[joined];
+    if (c->done.load(std::memory_order_acquire) == 0) {
       // Not read yet: read the next chunk nobody took, or (none left) wait for the helper's.
       const size_t mine = job.next.fetch_add(1, std::memory_order_relaxed);
       if (mine < job.chunks) {
-        ParseChunk(job, mine, have);
+        ParseChunk(job, mine, have, job.chunk[mine]);
         job.chunk[mine].done.store(1, std::memory_order_release);
         continue;
       }
-      SpinUntil([&c] { return c.done.load(std::memory_order_acquire) != 0; });
+      // The helper has it. Its bytes first (the helper waits for them too), then a bounded wait.
+      if (!WaitForBytes(job, ChunkNeeds(job, joined), have)) break;
+      const int64_t waiting_since = o.clock->MonotonicNanos();
+      bool stalled = false;
+      SpinUntil([&] {
+        if (c->done.load(std::memory_order_acquire) != 0) return true;
+        stalled = o.clock->MonotonicNanos() - waiting_since >= o.takeover_after_ns;
+        return stalled;
+      });
+      if (stalled) {
+        ParseChunk(job, joined, have, retaken);
+        c = &retaken;
+        ++job.takeovers;
+      }
     }
     // Joined only where the last chunk stopped, and within the item limit.
-    if (c.start != pos || tokens->size() + c.tokens->size() > max_n) break;
-    tokens->insert(tokens->end(), c.tokens->begin(), c.tokens->end());
+    if (c->start != pos || tokens->size() + c->tokens->size() > max_n) break;
+    tokens->insert(tokens->end(), c->tokens->begin(), c->tokens->end());
     if (sink != nullptr) sink->Tokens(tokens->data(), tokens->size());
-    pos = c.stop;
+    pos = c->stop;
     ++joined;
-    if (c.end == ChunkEnd::kClosed) {
+    if (c->end == ChunkEnd::kClosed) {
       *closed = true;
       break;
     }
-    if (c.end == ChunkEnd::kRefused) break;
+    if (c->end == ChunkEnd::kRefused) break;
   }
+  // The helper takes no more; the lease waits for it to leave the chunk it is in.
   job.over.store(true, std::memory_order_release);
-  helper.Retire(&job);
   return pos;
 }
 #endif  // __SSE2__
@@ -1416,7 +1451,21 @@ std::unique_ptr<ListHelper::Lease> ListHelper::TryLease() {
   return std::unique_ptr<Lease>(new Lease(this));
 }
 
+ListHelper::Lease::Lease(ListHelper* h) : helper_(h) {}
+
+ListHelper::Job* ListHelper::Lease::NewJob() {
+  if (job_ != nullptr) return nullptr;
+  job_ = std::make_unique<Job>();
+  return job_.get();
+}
+
+size_t ListHelper::Lease::takeovers() const { return job_ != nullptr ? job_->takeovers : 0; }
+
 ListHelper::Lease::~Lease() {
+  if (job_ != nullptr) {
+    job_->over.store(true, std::memory_order_release);
+    helper_->Retire(job_.get());
+  }
   // Only buffers of the smallest chunks are kept (a 128k-token list's: 128 kB each, 8 MB for all
   // max_chunks at most); a longer list's longer chunks give theirs back.
   const size_t keep = helper_->options_.chunk_bytes / 2 + 2;
@@ -1457,7 +1506,8 @@ void ListHelper::Run() {
     while (!job->over.load(std::memory_order_acquire)) {
       const size_t i = job->next.fetch_add(1, std::memory_order_relaxed);
       if (i >= job->chunks) break;
-      ParseChunk(*job, i, have);
+      if (options_.before_chunk) options_.before_chunk(i);
+      ParseChunk(*job, i, have, job->chunk[i]);
       job->chunk[i].done.store(1, std::memory_order_release);
       chunks_by_helper_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -1506,7 +1556,7 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
 }
 
 Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items, TokenSink* sink,
-                                     ListHelper* lists) {
+                                     ListHelper::Lease* lists) {
   const char* const data = body.data();
   const size_t size = body.size();
   size_t have = 0;
@@ -1577,13 +1627,12 @@ Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items
     started = p < data + have && IsDigit(*p);
     // A long list: in chunks, with the helper's thread (ListHelper).
     const size_t list_bytes = static_cast<size_t>(data + size - p);
-    if (started && lists != nullptr && list_bytes >= lists->options().min_list_bytes &&
-        list_bytes <= lists->options().max_list_bytes) {
-      if (std::unique_ptr<ListHelper::Lease> lease = lists->TryLease()) {
-        bool list_closed = false;
-        p = JoinChunks(*lists, body, p, have, max_n, &tokens, feed_to, &list_closed);
-        if (list_closed) closed = p;
-      }
+    const ListHelper::Options* lo = lists != nullptr ? &lists->helper()->options() : nullptr;
+    if (started && lo != nullptr && list_bytes >= lo->min_list_bytes &&
+        list_bytes <= lo->max_list_bytes) {
+      bool list_closed = false;
+      p = JoinChunks(*lists, body, p, have, max_n, &tokens, feed_to, &list_closed);
+      if (list_closed) closed = p;
     }
     while (started && closed == nullptr) {
       const char* const end = data + have;

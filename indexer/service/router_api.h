@@ -24,6 +24,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/result.h"
 #include "indexer/indexer.h"
@@ -132,6 +135,13 @@ class TokenSink {
 // the answer is the sequential parse's; at anything a chunk cannot take (a defect, a number
 // that is not compact, the item limit, the list's end) the handler reads on sequentially from
 // there. One query at a time holds it (TryLease); the others parse alone.
+//
+// A helper that stalls (its thread descheduled: a host that steals CPU time, a busy machine) does
+// not hold the query up: when the handler has joined every chunk before one the helper took, that
+// chunk's bytes are in, and the helper has not finished it `takeover_after_ns` later, the handler
+// reads it itself into a buffer of its own and joins that instead. The lease, not the parse, waits
+// for the thread to leave the job: its holder keeps the body alive and drops the lease once the
+// answer is out (HttpResponse::after_sent).
 class ListHelper {
  public:
   struct Options {
@@ -139,19 +149,33 @@ class ListHelper {
     size_t max_chunks = 64;              // longer lists: longer chunks
     size_t min_list_bytes = 192u << 10;  // shorter bodies are parsed by the handler alone
     size_t max_list_bytes = 16u << 20;   // and longer ones too (the chunks' buffers stay bounded)
+    // A chunk the helper has not finished this long after its bytes came (and the handler has
+    // joined every chunk before it) is read by the handler, on `clock` (the default: never; the
+    // service's is ServiceOptions::helper_patience_ns; a chunk takes ~10 us on a 16-core host).
+    int64_t takeover_after_ns = std::numeric_limits<int64_t>::max();
+    Clock* clock = SystemClock();
+    // Tests: run on the helper's thread before it reads a chunk it took (to stall it there).
+    std::function<void(size_t chunk)> before_chunk;
   };
   struct Job;  // router_api.cc
   class Lease {
    public:
-    ~Lease();  // gives the helper back
+    // Waits for the helper's thread to leave this lease's job (the body and the handler's
+    // buffers must live until then), then gives the helper back.
+    ~Lease();
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
     ListHelper* helper() const { return helper_; }
+    // For ParseRouterQuery: the job of this lease's one parse (nullptr once it has one).
+    Job* NewJob();
+    // Chunks the handler read itself because the helper had stalled on them.
+    size_t takeovers() const;
 
    private:
     friend class ListHelper;
-    explicit Lease(ListHelper* h) : helper_(h) {}
+    explicit Lease(ListHelper* h);
     ListHelper* const helper_;
+    std::unique_ptr<Job> job_;
   };
 
   explicit ListHelper(Options options);
@@ -165,8 +189,8 @@ class ListHelper {
   // Chunks the helper thread parsed, so far (tests, the bench's note).
   uint64_t chunks_by_helper() const { return chunks_by_helper_.load(std::memory_order_relaxed); }
 
-  // For ParseRouterQuery (the lease holder): hands `job` to the thread; Retire returns once the
-  // thread has left it (or never took it).
+  // For ParseRouterQuery (the lease holder): hands `job` to the thread; Retire (the lease's
+  // destructor) returns once the thread has left it (or never took it).
   void Post(Job* job);
   void Retire(Job* job);
   // The lease holder's buffer for chunk i (reused query after query).
@@ -196,9 +220,10 @@ Result<RouterQuery> ParseRouterQuery(std::string_view body, bool by_hash, int64_
 // above on the whole body, but the members before "token_ids" are read (and the sink begun) from
 // its first piece and the list's compact ids as each piece lands, so the parse ends with the
 // transfer. A body that never completes: InvalidArgument (the server drops the answer).
-// `lists` (optional): a second thread that parses part of a long token list (ListHelper).
+// `lists` (optional): a second thread that parses part of a long token list (ListHelper), for
+// this one parse; `body` must outlive the lease.
 Result<RouterQuery> ParseRouterQuery(const ArrivingBody& body, int64_t max_items,
-                                     TokenSink* sink = nullptr, ListHelper* lists = nullptr);
+                                     TokenSink* sink = nullptr, ListHelper::Lease* lists = nullptr);
 // The same without the list scanner (the whole body through the JSON DOM): the reference the
 // scanner must agree with (router_api_test, router_query_fuzz).
 Result<RouterQuery> ParseRouterQueryReference(std::string_view body, bool by_hash,

@@ -72,6 +72,15 @@ Status IndexerService::Impl::RegisterMetrics() {
                          "POST /query token list chunks read by the list helper's thread while "
                          "the handler read the others (lists of 192 kB or more, 8 CPUs or more)"));
   KVO_ASSIGN_OR_RETURN(
+      auto* takeover_family,
+      metrics.AddCounterFamily("kvo_indexer_query_helper_takeovers",
+                               "POST /query: work the handler did itself because a helper thread "
+                               "stalled (list: chunks of the token list; keys: queries whose "
+                               "content keys and walk the key helper gave up)",
+                               {"helper"}));
+  KVO_ASSIGN_OR_RETURN(helper_takeovers_list, takeover_family->WithLabels({"list"}));
+  KVO_ASSIGN_OR_RETURN(helper_takeovers_keys, takeover_family->WithLabels({"keys"}));
+  KVO_ASSIGN_OR_RETURN(
       helper_start,
       metrics.AddHistogram("kvo_indexer_query_helper_start_seconds",
                            "POST /query: from the key helper's job posted to the helper starting "
@@ -596,13 +605,18 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
   if (options.parallel_query_keys && std::thread::hardware_concurrency() > 1) {
     // Four CPUs or more: the walk on a thread of its own beside the hashing (with fewer, the
     // helper walks while it waits for the parser).
-    impl->key_helper = std::make_unique<KeyHelper>(impl->index.get(), impl->clock,
-                                                   std::thread::hardware_concurrency() >= 4);
+    KeyHelper::Options ko;
+    ko.walk_thread = std::thread::hardware_concurrency() >= 4;
+    ko.give_up_after_ns = options.helper_patience_ns;
+    impl->key_helper = std::make_unique<KeyHelper>(impl->index.get(), impl->clock, std::move(ko));
   }
   if (options.parallel_list_parse && options.parse_arriving_queries &&
       std::thread::hardware_concurrency() >= options.list_helper_min_cpus) {
     // The handler, the I/O thread, the key helper's two threads and this one: cores for each.
-    impl->list_helper = std::make_unique<ListHelper>(ListHelper::Options{});
+    ListHelper::Options lo;
+    lo.takeover_after_ns = options.helper_patience_ns;
+    lo.clock = impl->clock;
+    impl->list_helper = std::make_unique<ListHelper>(std::move(lo));
   }
   KVO_RETURN_IF_ERROR(impl->RegisterMetrics());
   CounterFamily* checked = nullptr;

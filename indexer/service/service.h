@@ -56,6 +56,11 @@ struct ServiceOptions {
   // (ListHelper).
   bool parallel_list_parse = true;
   unsigned list_helper_min_cpus = 8;  // tests: 1
+  // How long a /query waits for a helper thread (the key helper, the list helper) that makes no
+  // progress before doing the helper's part itself (KeyHelper::Options::give_up_after_ns,
+  // ListHelper::Options::takeover_after_ns); the helper's leftovers are waited for once the
+  // answer is out. INT64_MAX: always wait (the bench's comparison).
+  int64_t helper_patience_ns = 100'000;
 };
 
 class IndexerService {

@@ -412,26 +412,43 @@ Result<std::shared_ptr<const RouterAnswerPlan>> IndexerService::Impl::QueryPlan(
 }
 
 HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash) {
+  auto state = std::make_shared<RouterQueryState>();
+  HttpResponse res = RouterQuery(r, by_hash, *state);
+  if (state->keys != nullptr || state->lists != nullptr) {
+    res.after_sent = [state]() mutable { state.reset(); };
+  }
+  return res;
+}
+
+HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_hash,
+                                               RouterQueryState& state) {
   const int64_t start = clock->MonotonicNanos();
   // /query: the content keys hashed on the helper while the token list is read (when it is free).
-  std::unique_ptr<KeyHelper::Lease> keys =
-      !by_hash && key_helper != nullptr ? key_helper->TryLease() : nullptr;
+  if (!by_hash && key_helper != nullptr) state.keys = key_helper->TryLease();
+  KeyHelper::Lease* const keys = state.keys.get();
   const bool arriving = r.arriving != nullptr && !by_hash;
   if (!by_hash) (arriving ? parsed_arriving : parsed_whole)->Increment();
-  // The list helper's chunks for this query (one query holds it at a time; it has left the job
-  // when the parse returns).
+  // The list helper's chunks for this query (one query holds it at a time).
+  if (arriving && list_helper != nullptr) state.lists = list_helper->TryLease();
   const uint64_t chunks_before = list_helper != nullptr ? list_helper->chunks_by_helper() : 0;
-  auto q = arriving ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys.get(),
-                                       list_helper.get())
-                    : ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys.get());
+  auto q = arriving
+               ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys, state.lists.get())
+               : ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys);
   if (list_helper != nullptr && list_helper->chunks_by_helper() != chunks_before) {
     list_chunks_on_helper->Increment(
         static_cast<double>(list_helper->chunks_by_helper() - chunks_before));
   }
+  if (state.lists != nullptr && state.lists->takeovers() != 0) {
+    helper_takeovers_list->Increment(static_cast<double>(state.lists->takeovers()));
+  }
+  if (keys != nullptr && keys->gave_up()) helper_takeovers_keys->Increment();
   if (!q.ok()) {
     score_bad->Increment();
     return JsonError(400, std::string(q.status().message()));
   }
+  ScoreQuery& sq = state.sq;
+  // The token ids first: a key helper that gave the job up may read them until its lease goes.
+  if (!by_hash) sq.token_ids = std::move(q->token_ids);
   std::shared_ptr<const RouterAnswerPlan> plan;
   {
     MutexLock lock(&registry_mu);
@@ -443,13 +460,11 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     plan = std::move(planned).value();
   }
   RouterAnswer answer(*plan);
-  ScoreQuery sq;
   // /query: the helper's walk of the keys it hashed (over every source, as Tiered below).
   std::optional<std::vector<Indexer::TieredMatch>> helper_walk;
   if (by_hash) {
     sq.block_hashes = std::move(q->hashes);
   } else {
-    sq.token_ids = std::move(q->token_ids);
     sq.block_size = q->block_size;
     if (keys != nullptr) {
       if (keys->start_delay_ns() >= 0) {

@@ -186,6 +186,10 @@ struct IndexerService::Impl {
   Counter* parsed_arriving = nullptr;
   Counter* parsed_whole = nullptr;
   Counter* list_chunks_on_helper = nullptr;  // ListHelper::chunks_by_helper, query by query
+  // Work the handler took back from a helper that stalled (helper_patience_ns).
+  Counter* helper_takeovers_list = nullptr;  // chunks
+  Counter* helper_takeovers_keys = nullptr;  // queries
+
   Histogram* helper_start = nullptr;
   Histogram* helper_wait = nullptr;
   // /query answer plans: held now (query_plans.size()), and built (a scope's first query since
@@ -223,7 +227,16 @@ struct IndexerService::Impl {
   // The Mooncake/Dynamo API (router_api.h).
   HttpResponse Register(const HttpRequest& r);
   HttpResponse Unregister(const HttpRequest& r);
+  // A router query's score input and the helpers' leases. A helper that stalled may still read
+  // the token ids (and the body) after the answer is ready: the answer's after_sent drops this
+  // once it is out, the leases first (each waits for its thread), then the tokens.
+  struct RouterQueryState {
+    ScoreQuery sq;
+    std::unique_ptr<ListHelper::Lease> lists;
+    std::unique_ptr<KeyHelper::Lease> keys;
+  };
   HttpResponse RouterQuery(const HttpRequest& r, bool by_hash);
+  HttpResponse RouterQuery(const HttpRequest& r, bool by_hash, RouterQueryState& state);
   // The answer plan of q's scope (tenant, instance_id, model, LoRA, salt), cached; a scope with
   // an unknown tenant, instance or model is an InvalidArgument naming it.
   Result<std::shared_ptr<const RouterAnswerPlan>> QueryPlan(const kvo::RouterQuery& q)

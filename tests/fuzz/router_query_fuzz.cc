@@ -52,8 +52,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvo::Result<kvo::RouterQuery> ref = kvo::ParseRouterQueryReference(body, by_hash, max_items);
   if (!by_hash && !body.empty()) {
     const WholeBody arrived(body);
+    const auto lease = Lists().TryLease();
     kvo::Result<kvo::RouterQuery> chunked =
-        kvo::ParseRouterQuery(arrived, max_items, nullptr, &Lists());
+        kvo::ParseRouterQuery(arrived, max_items, nullptr, lease.get());
     FUZZ_CHECK(chunked.ok() == fast.ok(), "chunked %s, scanner %s on %s",
                chunked.status().ToString().c_str(), fast.status().ToString().c_str(),
                kvo_fuzz::Preview(body).c_str());

@@ -57,6 +57,19 @@ class HttpServerTest : public ::testing::Test {
       answered_first_.fetch_add(1);
       return HttpResponse{200, "text/plain", "first"};
     }
+    if (r.path == "/after-sent") {
+      // Answers at once; after_sent waits for Release, then digests the body it was given.
+      const char* data = r.arriving != nullptr ? r.arriving->data() : r.body.data();
+      const size_t size = r.arriving != nullptr ? r.arriving->size() : r.body.size();
+      HttpResponse res{200, "text/plain", "answered"};
+      res.after_sent = [this, data, size] {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, std::chrono::seconds(30), [this] { return released_; });
+        after_digests_.push_back(Digest(std::string(data, size)));
+        cv_.notify_all();
+      };
+      return res;
+    }
     if (r.path == "/arriving" && r.arriving != nullptr) {
       // The digest of each piece as it lands (only what WaitBeyond announced is read).
       const ArrivingBody& body = *r.arriving;
@@ -102,6 +115,7 @@ class HttpServerTest : public ::testing::Test {
   std::mutex mu_;
   std::condition_variable cv_;
   bool released_ = false;
+  std::vector<std::string> after_digests_;  // what /after-sent's after_sent read, under mu_
 };
 
 // Before (cpp-httplib, 4 workers each held by a connection): every probe timed out.
@@ -260,8 +274,8 @@ class HttpEarlyBodyTest : public HttpServerTest {
   void StartEarly(int workers, int body_timeout_ms = 30000) {
     HttpServerOptions o;
     o.worker_threads = workers;
-    o.early_paths = {"/early", "/arriving", "/arriving-answer-first"};
-    o.arriving_paths = {"/arriving", "/arriving-answer-first"};
+    o.early_paths = {"/early", "/arriving", "/arriving-answer-first", "/after-sent"};
+    o.arriving_paths = {"/arriving", "/arriving-answer-first", "/after-sent"};
     o.max_early_requests = 1;
     o.body_timeout_ms = body_timeout_ms;
     StartServer(o);
@@ -393,6 +407,39 @@ TEST_F(HttpEarlyBodyTest, AnAnswerBeforeTheBodyWaitsForItsEnd) {
   r = c.Read(10000);
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, Digest(body));
+}
+
+// HttpResponse::after_sent: the answer reaches the client while after_sent still runs (blocked
+// here until Release), and the body it was given stays in place until it returns, though the
+// kept-alive connection meanwhile carries another large body (read into fresh storage) and is
+// answered by the other worker. Both paths: a body read as it arrives, and a small one read first.
+TEST_F(HttpEarlyBodyTest, AfterSentRunsOnceTheAnswerIsOutAndTheBodyOutlivesIt) {
+  StartEarly(2);
+  std::mt19937_64 rng(17);
+  for (const size_t n : {size_t{1} << 20, size_t{3000}}) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      released_ = false;
+      after_digests_.clear();
+    }
+    const std::string first = Body(rng, n);
+    const std::string second = Body(rng, 1u << 20);
+    Conn c(server_->port());
+    ASSERT_TRUE(c.Send(Head("/after-sent", first.size()) + first));
+    auto r = c.Read(10000);
+    ASSERT_EQ(r.status, 200) << n;
+    EXPECT_EQ(r.body, "answered");
+    ASSERT_TRUE(c.Send(Head("/early", second.size()) + second));
+    r = c.Read(10000);
+    EXPECT_EQ(r.status, 200) << n;
+    EXPECT_EQ(r.body, Digest(second));
+    Release();
+    std::unique_lock<std::mutex> lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(10), [this] {
+      return !after_digests_.empty();
+    })) << "after_sent did not run";
+    EXPECT_EQ(after_digests_[0], Digest(first)) << n << ": the body moved or was overwritten";
+  }
 }
 
 // A slow sender holds the one follower slot and one of two workers, never the server: another

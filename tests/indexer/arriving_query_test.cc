@@ -14,8 +14,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -380,12 +382,18 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
   std::mt19937 rng(seed);
   std::vector<std::unique_ptr<ListHelper>> helpers;
   for (const size_t chunk : {9, 24, 64, 200, 2000}) {
-    ListHelper::Options o;
-    o.chunk_bytes = chunk;
-    o.max_chunks = 4096;
-    o.min_list_bytes = 0;
-    helpers.push_back(std::make_unique<ListHelper>(o));
+    // Each size twice: a handler that waits for the helper's chunks, and one that takes over any
+    // chunk the helper has not finished when it is the next to join (patience 0).
+    for (const int64_t patience : {std::numeric_limits<int64_t>::max(), int64_t{0}}) {
+      ListHelper::Options o;
+      o.chunk_bytes = chunk;
+      o.max_chunks = 4096;
+      o.min_list_bytes = 0;
+      o.takeover_after_ns = patience;
+      helpers.push_back(std::make_unique<ListHelper>(o));
+    }
   }
+  size_t takeovers = 0;
   int accepted = 0;
   int fed = 0;
   for (int round = 0; round < 1200; ++round) {
@@ -398,7 +406,10 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
     PiecewiseBody arriving(body, RandomCuts(rng, body.size()), rng() % 2 == 0, stop_at);
     RecordingSink sink(&arriving);
     ListHelper& lists = *helpers[rng() % helpers.size()];
-    const Result<RouterQuery> got = ParseRouterQuery(arriving, max_items, &sink, &lists);
+    auto lease = lists.TryLease();
+    ASSERT_NE(lease, nullptr);
+    const Result<RouterQuery> got = ParseRouterQuery(arriving, max_items, &sink, lease.get());
+    takeovers += lease->takeovers();
     SCOPED_TRACE("round " + std::to_string(round) + " chunk bytes " +
                  std::to_string(lists.options().chunk_bytes));
     ASSERT_EQ(sink.ends, sink.begins) << "Begin without End";
@@ -416,10 +427,86 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
   }
   uint64_t by_helper = 0;
   for (const auto& h : helpers) by_helper += h->chunks_by_helper();
-  std::printf("accepted %d of 1200, sink fed the whole list %d; chunks read by the helpers %llu\n",
-              accepted, fed, static_cast<unsigned long long>(by_helper));
+  std::printf(
+      "accepted %d of 1200, sink fed the whole list %d; chunks read by the helpers %llu, taken "
+      "over by the handler %zu\n",
+      accepted, fed, static_cast<unsigned long long>(by_helper), takeovers);
   EXPECT_GT(accepted, 300);
   EXPECT_GT(by_helper, 500u);  // the helpers' thread did take chunks
+}
+
+// A helper stalled in a chunk (its thread held in before_chunk, as a host that takes the CPU away
+// would hold it): the handler reads that chunk itself after takeover_after_ns and answers as the
+// whole-body parse, without waiting for the helper; the lease's destructor then waits for it. A
+// watchdog releases the helper after 20 s, so a handler that waits for it fails instead of hanging.
+TEST(ArrivingQueryTest, AStalledListHelpersChunkIsReadByTheHandler) {
+  const uint32_t seed = testing::TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false;  // the helper's thread stops in before_chunk while set
+  int held = 0;       // times it stopped
+  bool by_watchdog = false;
+  ListHelper::Options o;
+  o.chunk_bytes = 4096;
+  o.min_list_bytes = 0;
+  o.takeover_after_ns = 200'000;
+  o.before_chunk = [&](size_t) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!hold) return;
+    ++held;
+    cv.notify_all();
+    cv.wait(lock, [&] { return !hold; });
+  };
+  ListHelper lists(o);
+  KeyHelper keys;
+  size_t takeovers = 0;
+  for (int round = 0; round < 12; ++round) {
+    std::vector<int64_t> tokens(20000 + rng() % 20000);
+    for (auto& t : tokens) t = static_cast<int64_t>(rng() % 150000);
+    const std::string body = PromptBody(tokens, 16, /*spaced=*/round % 4 == 3);
+    PiecewiseBody arriving(body, ServerCuts(body.size()), /*threaded=*/round % 2 == 0,
+                           std::nullopt);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hold = true;
+      held = 0;
+      by_watchdog = false;
+    }
+    bool parsed = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return parsed; })) {
+        by_watchdog = true;
+        hold = false;
+        cv.notify_all();
+      }
+    });
+    auto key_lease = keys.TryLease();
+    auto lease = lists.TryLease();
+    ASSERT_NE(lease, nullptr);
+    auto q = ParseRouterQuery(arriving, 1 << 20, key_lease.get(), lease.get());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      parsed = true;
+      EXPECT_FALSE(by_watchdog) << "round " << round << ": the parse waited for the stalled helper";
+      EXPECT_LE(held, 1) << "the helper took a second chunk while stopped in the first";
+      hold = false;  // the helper may go on: the lease below waits for it
+      cv.notify_all();
+    }
+    watchdog.join();
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    ASSERT_EQ(q->token_ids, tokens) << "round " << round;
+    const std::vector<uint64_t> got = key_lease->TakeKeys();
+    if (!got.empty()) {
+      ASSERT_EQ(got, *ContentKeys(tokens, 16, "")) << "round " << round;
+    }
+    takeovers += lease->takeovers();
+    lease.reset();
+  }
+  std::printf("chunks the handler read after the helper stalled: %zu in 12 rounds\n", takeovers);
+  EXPECT_GE(takeovers, 1u);
 }
 
 // A 128k-token list (the bench's) in the default chunks, with the key helper fed from the joined
@@ -437,7 +524,9 @@ TEST(ArrivingQueryTest, ALongListInDefaultChunksGivesThePromptsTokensAndKeys) {
     PiecewiseBody arriving(body, ServerCuts(body.size()), rng() % 2 == 0, std::nullopt);
     auto lease = keys.TryLease();
     ASSERT_NE(lease, nullptr);
-    auto q = ParseRouterQuery(arriving, 1 << 20, lease.get(), &lists);
+    auto list_lease = lists.TryLease();
+    ASSERT_NE(list_lease, nullptr);
+    auto q = ParseRouterQuery(arriving, 1 << 20, lease.get(), list_lease.get());
     ASSERT_TRUE(q.ok()) << q.status().ToString();
     ASSERT_EQ(q->token_ids, tokens) << "round " << round;
     const std::vector<uint64_t> got = lease->TakeKeys();

@@ -12,7 +12,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -193,11 +196,12 @@ class KeyHelperWalkTest : public ::testing::TestWithParam<bool> {
  protected:
   // A random prompt of `blocks` blocks, `sources` engines holding prefixes of it (HeldPrefixes),
   // and a helper walking that index.
-  void Hold(size_t blocks, int sources) {
+  void Hold(size_t blocks, int sources, KeyHelper::Options o = KeyHelper::Options()) {
     prompt_ = RandomTokens(rng_, 16 * blocks);
     idx_ = HeldPrefixes(dir_.path() + "/i.db", prompt_, sources, rng_);
     ASSERT_NE(idx_, nullptr);
-    helper_ = std::make_unique<KeyHelper>(idx_.get(), SystemClock(), GetParam());
+    o.walk_thread = GetParam();
+    helper_ = std::make_unique<KeyHelper>(idx_.get(), SystemClock(), o);
   }
 
   const uint32_t seed_ = testing::TestSeed();
@@ -255,6 +259,92 @@ TEST_P(KeyHelperWalkTest, WalksEqualTieredForRandomPrompts) {
               ended_early);
   EXPECT_GT(walked, 0);
   EXPECT_GT(walked, ended_early) << "no walk went to the last block";
+}
+
+// A helper stalled mid-chain (its thread held in before_batch, as a host that takes the CPU away
+// would hold it): End(true) gives the job up after give_up_after_ns without progress, so the
+// parse returns without waiting (no keys, no walk: the handler walks itself), and the lease's
+// destructor waits for the helper; the next query's keys and walk are right. A watchdog releases
+// the helper after 20 s, so an End that waits for it fails instead of hanging.
+TEST_P(KeyHelperWalkTest, AStalledHelperIsGivenUpAndTheLeaseWaitsForIt) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false;  // the helper stops at its third batch while set
+  int batches = 0;
+  bool by_watchdog = false;
+  KeyHelper::Options o;
+  o.give_up_after_ns = 200'000;
+  o.before_batch = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!hold || ++batches != 3) return;
+    cv.notify_all();
+    cv.wait(lock, [&] { return !hold; });
+  };
+  ASSERT_NO_FATAL_FAILURE(Hold(2000, 12, o));
+  ScoreQuery sq;
+  sq.token_ids = prompt_;
+  sq.block_size = 16;
+  const auto want = idx_->Tiered(sq);
+  ASSERT_TRUE(want.ok());
+  int gave_up = 0;
+  for (int round = 0; round < 10; ++round) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hold = round % 2 == 0;  // odd rounds: after a stall, a query that must get its walk
+      batches = 0;
+      by_watchdog = false;
+    }
+    bool parsed = false;
+    std::thread watchdog([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return parsed; })) {
+        by_watchdog = true;
+        hold = false;
+        cv.notify_all();
+      }
+    });
+    auto lease = helper_->TryLease();
+    ASSERT_NE(lease, nullptr);
+    // As the parse feeds it, the list whole at once; a stalled round ends once the helper is held.
+    lease->Begin(16, "", prompt_.size());
+    lease->Tokens(prompt_.data(), prompt_.size());
+    if (round % 2 == 0) {
+      std::unique_lock<std::mutex> lock(mu);
+      ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return batches >= 3; }));
+    }
+    lease->End(true);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      parsed = true;
+      EXPECT_FALSE(by_watchdog) << "round " << round << ": End waited for the stalled helper";
+      cv.notify_all();
+    }
+    watchdog.join();
+    auto walk = lease->TakeWalk();
+    auto keys = lease->TakeKeys();
+    // (A round that did not stall may still give up: this machine can deschedule the helper.)
+    if (round % 2 == 0) {
+      EXPECT_TRUE(lease->gave_up()) << "round " << round;
+    }
+    if (lease->gave_up()) {
+      gave_up += round % 2 == 0;
+      EXPECT_FALSE(walk.has_value()) << "round " << round;
+      EXPECT_TRUE(keys.empty()) << "round " << round;
+    } else if (walk) {
+      ASSERT_EQ(walk->size(), want->size()) << "round " << round;
+      for (size_t i = 0; i < want->size(); ++i) {
+        EXPECT_EQ((*walk)[i].disk, (*want)[i].disk) << "round " << round;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hold = false;
+      cv.notify_all();
+    }
+    lease.reset();  // waits for the helper to leave the given-up job
+  }
+  EXPECT_EQ(gave_up, 5) << "a stalled round's job was not given up";
 }
 
 // Leases dropped mid-list, and lists longer than Begin announced, while walks are under way:

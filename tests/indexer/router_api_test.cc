@@ -126,9 +126,13 @@ class RouterApiTest : public ::testing::Test {
     EXPECT_TRUE(j.contains("error")) << r.body;
     return j.value("error", "");
   }
+  // The body of the LargeQueriesArrivingOverHttp tests, with ServiceOptions::helper_patience_ns.
+  void LargeQueriesArrivingOverHttp(int64_t patience);
+
   testing::TempDir dir_;
   int64_t max_sources_ = 4096;
   int64_t silent_after_ms_ = 0;  // > 0: instead of FastConfig's
+  double takeovers_ = 0;         // helper work the handler took back (LargeQueriesArrivingOverHttp)
 };
 
 // The reference's register body, with the given endpoints and rank.
@@ -416,7 +420,18 @@ TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
 // now and then a bad field after the list; each answer equals the handler's on the whole body
 // (the lists of 192 kB or more read in chunks by the handler and the list helper's thread).
 // Then a client that goes away mid-body, and the next query still answered. Seed printed.
+// With helper_patience_ns 0 the handler takes back every chunk and every key job the helpers have
+// not finished when it needs them (what a stalled helper costs), and the leases are dropped only
+// once each answer is out (HttpResponse::after_sent).
 TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
+  LargeQueriesArrivingOverHttp(ServiceOptions().helper_patience_ns);
+}
+TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBodyWhenHelpersAreTakenOver) {
+  LargeQueriesArrivingOverHttp(0);
+  EXPECT_GT(takeovers_, 0) << "no helper's work was taken back";
+}
+
+void RouterApiTest::LargeQueriesArrivingOverHttp(int64_t patience) {
   Publisher r0 = MakePublisher(dir_.path() + "/j0");
   ASSERT_TRUE(r0.pub);
   ASSERT_TRUE(r0.pub->Publish(Store(2, kMediumGpu, 0)).ok());
@@ -426,6 +441,7 @@ TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
   ServiceOptions o;
   o.parse_arriving_queries = true;
   o.list_helper_min_cpus = 1;  // the long lists in chunks, with the list helper, on any machine
+  o.helper_patience_ns = patience;
   auto started = IndexerService::Start(Config(), o);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   IndexerService& svc = **started;
@@ -481,6 +497,10 @@ TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
       << "no body was parsed as it arrived: the arriving path went untested";
   EXPECT_GT(Metric(svc, "kvo_indexer_query_list_chunks_on_helper_total"), 0)
       << "no list was read in chunks with the list helper";
+  takeovers_ = Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="list"})") +
+               Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="keys"})");
+  std::printf("patience %lld ns: helper work taken back by the handler: %.0f\n",
+              static_cast<long long>(patience), takeovers_);
   // Gone mid-body, then the next query on a new connection.
   {
     testing::RawHttpConn gone(svc.http_port());
