@@ -566,9 +566,10 @@ int RouterApiCase(const BenchOptions& o) {
   // the service runs the helper only on machines of ServiceOptions::list_helper_min_cpus CPUs).
   so.parallel_list_parse = std::getenv("KVO_BENCH_NO_LIST_HELPER") == nullptr;
   // KVO_BENCH_NO_TAKEOVER=1: the handler always waits for a helper that stalls (the comparison
-  // run; ServiceOptions::helper_patience_ns).
-  if (std::getenv("KVO_BENCH_NO_TAKEOVER") != nullptr) {
-    so.helper_patience_ns = std::numeric_limits<int64_t>::max();
+  // run; ServiceOptions::list_helper_patience_ns, key_helper_patience_ns).
+  const bool takeover = std::getenv("KVO_BENCH_NO_TAKEOVER") == nullptr;
+  if (!takeover) {
+    so.list_helper_patience_ns = so.key_helper_patience_ns = std::numeric_limits<int64_t>::max();
   }
   // KVO_BENCH_TOKEN_SCAN=N: the token scanner at level N or the best below it (TokenScan: 0
   // portable, 1 AVX2, 2 AVX-512 element-aligned windows, 3 AVX-512 at a fixed stride).
@@ -750,6 +751,23 @@ int RouterApiCase(const BenchOptions& o) {
         std::string("kvo_indexer_query_helper_takeovers_total{helper=\"") + helper + "\"}";
     return metric(metrics, key) - metric(before_http, key);
   };
+  // The handler's waits for the key helper after the list that took longer than 250 us (the
+  // histogram's buckets): a helper that stalled, waited out, or (with takeover) given up.
+  auto waits_over = [&](const std::string& text) {
+    const std::string name = "kvo_indexer_query_helper_wait_seconds";
+    const double all = metric(text, name + "_count");
+    const std::string bucket = name + "_bucket{le=\"";
+    double within = 0;
+    for (size_t at = text.find(bucket); at != std::string::npos; at = text.find(bucket, at + 1)) {
+      const double le = std::strtod(text.c_str() + at + bucket.size(), nullptr);
+      const size_t value = text.find("} ", at);
+      if (le <= 0.00025 && value != std::string::npos) {
+        within = std::max(within, std::strtod(text.c_str() + value + 2, nullptr));
+      }
+    }
+    return all - within;
+  };
+  const double long_waits = waits_over(metrics) - waits_over(before_http);
   const double list_takeovers = taken_back("list");
   const double key_takeovers = taken_back("keys");
   const double helper_start_us = mean_us("kvo_indexer_query_helper_start_seconds");
@@ -792,17 +810,19 @@ int RouterApiCase(const BenchOptions& o) {
       r.notes = notes;
       if (tokens) {
         const std::string patience =
-            so.helper_patience_ns == std::numeric_limits<int64_t>::max()
+            !takeover
                 ? "never: it waits for a stalled helper"
-                : "after " + std::to_string(so.helper_patience_ns / 1000) + " us without progress";
-        char faults[480];
+                : "after " + std::to_string(so.list_helper_patience_ns / 1000) + " / " +
+                      std::to_string(so.key_helper_patience_ns / 1000) + " us without progress";
+        char faults[560];
         std::snprintf(faults, sizeof faults,
                       "; minor page faults per request (whole process): %.1f; list chunks read "
                       "by the list helper per request: %.1f; CPU time stolen by the hypervisor "
                       "during the %.0f ms of the timed loop, all CPUs: %.0f ms; helper work the "
-                      "handler took back (%s): %.0f list chunks, %.0f key jobs",
+                      "handler took back (%s): %.0f list chunks, %.0f key jobs; the handler's "
+                      "waits for the key helper over 250 us: %.0f",
                       faults_per_query, chunks_on_helper, loop_ms, steal_ms, patience.c_str(),
-                      list_takeovers, key_takeovers);
+                      list_takeovers, key_takeovers, long_waits);
         r.notes += faults;
       }
       PrintResult(r, o);

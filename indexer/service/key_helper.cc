@@ -1,5 +1,6 @@
 #include "indexer/service/key_helper.h"
 
+#include <algorithm>
 #include <span>
 
 #include "common/spin.h"
@@ -189,14 +190,16 @@ void KeyHelper::WalkRun() {
 
 void KeyHelper::Lease::Begin(int64_t block_size, std::string_view lora_name, size_t max_tokens) {
   KeyHelper& h = *helper_;
+  block_size_ = static_cast<size_t>(block_size);
+  root_ = ContentKeyRoot(lora_name);
   h.data_.store(nullptr, std::memory_order_relaxed);
   h.avail_.store(0, std::memory_order_relaxed);
   h.end_.store(kOpen, std::memory_order_relaxed);
   {
     MutexLock lock(&h.mu_);  // publishes the above and the job to the helper
-    h.block_size_ = static_cast<size_t>(block_size);
+    h.block_size_ = block_size_;
     h.max_tokens_ = max_tokens;
-    h.root_ = ContentKeyRoot(lora_name);
+    h.root_ = root_;
     generation_ = ++h.generation_;
     h.posted_ns_ = h.clock_->MonotonicNanos();
     h.claim_.store(generation_ << 2 | kUnclaimed, std::memory_order_release);
@@ -241,13 +244,40 @@ void KeyHelper::Lease::End(bool ok) {
   end_wait_ns_ = h.clock_->MonotonicNanos() - wait_from;
   if (gave_up_) {
     h.end_.store(kCancelled, std::memory_order_release);  // the helper drops it when it runs
+    HashTheRest();
     return;
   }
   start_delay_ns_ = h.start_delay_ns_;
   keys_ready_ = ok;
 }
 
+void KeyHelper::Lease::HashTheRest() {
+  KeyHelper& h = *helper_;
+  const int64_t* const data = h.data_.load(std::memory_order_relaxed);  // this thread's stores
+  const size_t blocks = h.avail_.load(std::memory_order_relaxed) / block_size_;
+  // With the walk thread, the keys the helper published for this job are final (hashed_,
+  // released after writing them; keys_ reserved, so the helper writes only past them).
+  size_t have = 0;
+  if (h.walk_thread_) {
+    const uint64_t* published = nullptr;
+    {
+      MutexLock lock(&h.mu_);  // the job's place, posted after its hashed_ was reset
+      if (h.walk_posted_ == generation_) published = h.walk_keys_;
+    }
+    if (published != nullptr) {
+      have = std::min(h.hashed_.load(std::memory_order_acquire), blocks);
+      own_keys_.assign(published, published + have);
+    }
+  }
+  own_keys_.resize(blocks);
+  if (blocks > have) {
+    ChainContentKeys(have > 0 ? own_keys_[have - 1] : root_, data + have * block_size_, block_size_,
+                     blocks - have, own_keys_.data() + have);
+  }
+}
+
 std::vector<uint64_t> KeyHelper::Lease::TakeKeys() {
+  if (gave_up_) return std::move(own_keys_);
   if (!keys_ready_ || !helper_->keys_complete_) return {};
   helper_->keys_complete_ = false;
   return std::move(helper_->keys_);

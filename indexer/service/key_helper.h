@@ -17,10 +17,12 @@
 // A helper that stalls (descheduled by the hypervisor or the kernel) does not hold the query up:
 // End(true) waits for the helper only while it makes progress (a batch of keys hashed or walked,
 // about a microsecond each); after `give_up_after_ns` without any, the lease gives the job up
-// (the helper drops it when it runs again) and the query gets no keys and no walk: the handler
-// walks them itself. The tokens End(true) was given are then read by the helper until the lease
-// is destroyed, so they must stay in place until then (ParseRouterQuery hands them over in
-// RouterQuery::token_ids; moving that vector keeps them in place).
+// (the helper drops it when it runs again) and hashes the keys the helper had not published on
+// the calling thread (with the walk thread the published ones are final; without it, all), so
+// the query gets its keys but no walk: the handler walks them itself. The tokens End(true) was
+// given are then read by the helper until the lease is destroyed, so they must stay in place until
+// then (ParseRouterQuery hands them over in RouterQuery::token_ids; moving that vector keeps them
+// in place).
 //
 // Given the index, the helper also walks the keys it hashed (Indexer::TieredWalk, every source:
 // /query's walk) whenever it waits for the parser, and the rest once the list is complete, so
@@ -56,7 +58,7 @@ class KeyHelper {
     // with cores to spare).
     bool walk_thread = false;
     // End(true) gives the job up after this long without progress from the helper's threads
-    // (the default: never; the service's is ServiceOptions::helper_patience_ns).
+    // (the default: never; the service's is ServiceOptions::key_helper_patience_ns).
     int64_t give_up_after_ns = std::numeric_limits<int64_t>::max();
     // Tests: run on the helper's thread before each batch it hashes (to stall it there).
     std::function<void()> before_batch;
@@ -142,11 +144,13 @@ class KeyHelper::Lease : public TokenSink {
   // Waits until the helper is done with the tokens, or claims the job first (then the helper
   // skips it); End(true) gives the job up instead when the helper stalls (gave_up()).
   void End(bool ok) override;
-  // End(true) gave the job up: no keys, no walk; the destructor waits for the helper.
+  // End(true) gave the job up: the keys finished on the calling thread, no walk; the destructor
+  // waits for the helper.
   bool gave_up() const { return gave_up_; }
 
-  // After End(true): the content keys of every complete block, when the helper hashed them; else
-  // empty (it had not started in time, or the list was not read).
+  // After End(true): the content keys of every complete block, when the helper hashed them (or
+  // the lease finished them after giving the job up); else empty (it had not started in time, or
+  // the list was not read).
   std::vector<uint64_t> TakeKeys();
   // After End(true), with an index: the tiered walk of those keys over every source (as
   // Indexer::Tiered would answer), when the helper walked them; else nullopt.
@@ -157,8 +161,14 @@ class KeyHelper::Lease : public TokenSink {
   int64_t end_wait_ns() const { return end_wait_ns_; }
 
  private:
+  // End(true) after giving the job up: the keys the helper published, then the rest.
+  void HashTheRest();
+
   KeyHelper* const helper_;
   uint64_t generation_ = 0;  // 0: not begun
+  size_t block_size_ = 0;    // the job's (Begin)
+  uint64_t root_ = 0;
+  std::vector<uint64_t> own_keys_;  // HashTheRest's
   bool ended_ = false;
   bool keys_ready_ = false;
   bool gave_up_ = false;

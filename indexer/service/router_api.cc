@@ -1431,7 +1431,8 @@ const char* JoinChunks(ListHelper::Lease& lease, const ArrivingBody& body, const
 
 }  // namespace
 
-ListHelper::ListHelper(Options options) : options_(options), buffers_(options.max_chunks) {
+ListHelper::ListHelper(Options options)
+    : options_(std::move(options)), buffers_(options_.max_chunks) {
   thread_ = std::thread([this] { Run(); });
   pthread_setname_np(thread_.native_handle(), "kvo-list-parse");
 }

@@ -151,7 +151,8 @@ class ListHelper {
     size_t max_list_bytes = 16u << 20;   // and longer ones too (the chunks' buffers stay bounded)
     // A chunk the helper has not finished this long after its bytes came (and the handler has
     // joined every chunk before it) is read by the handler, on `clock` (the default: never; the
-    // service's is ServiceOptions::helper_patience_ns; a chunk takes ~10 us on a 16-core host).
+    // service's is ServiceOptions::list_helper_patience_ns; a chunk takes ~10 us on a 16-core
+    // host).
     int64_t takeover_after_ns = std::numeric_limits<int64_t>::max();
     Clock* clock = SystemClock();
     // Tests: run on the helper's thread before it reads a chunk it took (to stall it there).

@@ -607,14 +607,14 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     // helper walks while it waits for the parser).
     KeyHelper::Options ko;
     ko.walk_thread = std::thread::hardware_concurrency() >= 4;
-    ko.give_up_after_ns = options.helper_patience_ns;
+    ko.give_up_after_ns = options.key_helper_patience_ns;
     impl->key_helper = std::make_unique<KeyHelper>(impl->index.get(), impl->clock, std::move(ko));
   }
   if (options.parallel_list_parse && options.parse_arriving_queries &&
       std::thread::hardware_concurrency() >= options.list_helper_min_cpus) {
     // The handler, the I/O thread, the key helper's two threads and this one: cores for each.
     ListHelper::Options lo;
-    lo.takeover_after_ns = options.helper_patience_ns;
+    lo.takeover_after_ns = options.list_helper_patience_ns;
     lo.clock = impl->clock;
     impl->list_helper = std::make_unique<ListHelper>(std::move(lo));
   }

@@ -469,6 +469,8 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
     if (keys != nullptr) {
       if (keys->start_delay_ns() >= 0) {
         helper_start->Observe(static_cast<double>(keys->start_delay_ns()) / 1e9);
+      }
+      if (keys->end_wait_ns() >= 0) {
         helper_wait->Observe(static_cast<double>(keys->end_wait_ns()) / 1e9);
       }
       helper_walk = keys->TakeWalk();

@@ -186,7 +186,7 @@ struct IndexerService::Impl {
   Counter* parsed_arriving = nullptr;
   Counter* parsed_whole = nullptr;
   Counter* list_chunks_on_helper = nullptr;  // ListHelper::chunks_by_helper, query by query
-  // Work the handler took back from a helper that stalled (helper_patience_ns).
+  // Work the handler took back from a helper that stalled (ServiceOptions::*_helper_patience_ns).
   Counter* helper_takeovers_list = nullptr;  // chunks
   Counter* helper_takeovers_keys = nullptr;  // queries
 

@@ -126,7 +126,9 @@ class RouterApiTest : public ::testing::Test {
     EXPECT_TRUE(j.contains("error")) << r.body;
     return j.value("error", "");
   }
-  // The body of the LargeQueriesArrivingOverHttp tests, with ServiceOptions::helper_patience_ns.
+  // The body of the LargeQueriesArrivingOverHttp tests, with both helpers' patience
+  // (ServiceOptions:: list_helper_patience_ns, key_helper_patience_ns) set to `patience`, or the
+  // defaults (-1).
   void LargeQueriesArrivingOverHttp(int64_t patience);
 
   testing::TempDir dir_;
@@ -420,11 +422,11 @@ TEST_F(RouterApiTest, BadInputIsA400NamingTheFieldAndLosesNothing) {
 // now and then a bad field after the list; each answer equals the handler's on the whole body
 // (the lists of 192 kB or more read in chunks by the handler and the list helper's thread).
 // Then a client that goes away mid-body, and the next query still answered. Seed printed.
-// With helper_patience_ns 0 the handler takes back every chunk and every key job the helpers have
-// not finished when it needs them (what a stalled helper costs), and the leases are dropped only
-// once each answer is out (HttpResponse::after_sent).
+// With a patience of 0 for both helpers the handler takes back every chunk and every key job the
+// helpers have not finished when it needs them (what a stalled helper costs), and the leases are
+// dropped only once each answer is out (HttpResponse::after_sent).
 TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBody) {
-  LargeQueriesArrivingOverHttp(ServiceOptions().helper_patience_ns);
+  LargeQueriesArrivingOverHttp(-1);
 }
 TEST_F(RouterApiTest, LargeQueriesArrivingOverHttpAnswerAsTheWholeBodyWhenHelpersAreTakenOver) {
   LargeQueriesArrivingOverHttp(0);
@@ -441,7 +443,7 @@ void RouterApiTest::LargeQueriesArrivingOverHttp(int64_t patience) {
   ServiceOptions o;
   o.parse_arriving_queries = true;
   o.list_helper_min_cpus = 1;  // the long lists in chunks, with the list helper, on any machine
-  o.helper_patience_ns = patience;
+  if (patience >= 0) o.list_helper_patience_ns = o.key_helper_patience_ns = patience;
   auto started = IndexerService::Start(Config(), o);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   IndexerService& svc = **started;
