@@ -115,8 +115,10 @@ struct RouterQuery {
 // Begin once the rest of the body has parsed (its block size, positive, its LoRA name, and how
 // many tokens the list can hold at most: its bytes and max_items bound it), then
 // Tokens as the list grows (tokens [0, n) of `data` are final; `data` stays where it is until
-// End), then End(ok): ok when those tokens are the body's token_ids (the parse may still fail on
-// another field); not ok when the scanner gave up on the list (the DOM reads the body instead).
+// End), then End(ok): ok when those tokens are the answer's token_ids (ParseRouterQuery then
+// returns them in RouterQuery::token_ids, whose storage is `data`: a sink that still reads them
+// after End(true), a KeyHelper lease that gave its job up, relies on that); not ok when the
+// scanner gave up on the list or the rest of the body disagrees (the DOM reads the body instead).
 // No call at all when the body's other fields do not parse or the list is not compact integers.
 class TokenSink {
  public:
