@@ -1257,6 +1257,7 @@ struct ListChunk {
   const char* start = nullptr;  // its first element; nullptr: none found, or the body failed
   const char* stop = nullptr;
   ChunkEnd end = ChunkEnd::kRefused;
+  bool by_helper = false;         // read by the helper's thread
   std::atomic<uint32_t> done{0};  // 1 once the fields above are final (release)
 };
 
@@ -1284,6 +1285,7 @@ struct ListHelper::Job {
   std::atomic<size_t> next{0};    // the next chunk nobody took
   std::atomic<bool> over{false};  // the handler joined what it will: take no more
   size_t takeovers = 0;           // chunks the handler read after the helper stalled on them
+  size_t joined_from_helper = 0;  // chunks the helper read that the handler joined
 };
 
 namespace {
@@ -1415,6 +1417,7 @@ const char* JoinChunks(ListHelper::Lease& lease, const ArrivingBody& body, const
     if (c->start != pos || tokens->size() + c->tokens->size() > max_n) break;
     tokens->insert(tokens->end(), c->tokens->begin(), c->tokens->end());
     if (sink != nullptr) sink->Tokens(tokens->data(), tokens->size());
+    job.joined_from_helper += c->by_helper ? 1 : 0;
     pos = c->stop;
     ++joined;
     if (c->end == ChunkEnd::kClosed) {
@@ -1461,6 +1464,10 @@ ListHelper::Job* ListHelper::Lease::NewJob() {
 }
 
 size_t ListHelper::Lease::takeovers() const { return job_ != nullptr ? job_->takeovers : 0; }
+
+size_t ListHelper::Lease::joined_from_helper() const {
+  return job_ != nullptr ? job_->joined_from_helper : 0;
+}
 
 ListHelper::Lease::~Lease() {
   if (job_ != nullptr) {
@@ -1509,6 +1516,7 @@ void ListHelper::Run() {
       if (i >= job->chunks) break;
       if (options_.before_chunk) options_.before_chunk(i);
       ParseChunk(*job, i, have, job->chunk[i]);
+      job->chunk[i].by_helper = true;
       job->chunk[i].done.store(1, std::memory_order_release);
       chunks_by_helper_.fetch_add(1, std::memory_order_relaxed);
     }

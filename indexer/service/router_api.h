@@ -173,6 +173,8 @@ class ListHelper {
     Job* NewJob();
     // Chunks the handler read itself because the helper had stalled on them.
     size_t takeovers() const;
+    // Chunks of this lease's list the helper read and the handler joined.
+    size_t joined_from_helper() const;
 
    private:
     friend class ListHelper;

@@ -69,8 +69,9 @@ Status IndexerService::Impl::RegisterMetrics() {
   KVO_ASSIGN_OR_RETURN(
       list_chunks_on_helper,
       metrics.AddCounter("kvo_indexer_query_list_chunks_on_helper",
-                         "POST /query token list chunks read by the list helper's thread while "
-                         "the handler read the others (lists of 192 kB or more, 8 CPUs or more)"));
+                         "POST /query token list chunks read by the list helper's thread and "
+                         "joined by the handler, which read the others (lists of 192 kB or "
+                         "more, 8 CPUs or more)"));
   KVO_ASSIGN_OR_RETURN(
       auto* takeover_family,
       metrics.AddCounterFamily("kvo_indexer_query_helper_takeovers",

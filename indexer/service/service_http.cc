@@ -430,16 +430,16 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
   if (!by_hash) (arriving ? parsed_arriving : parsed_whole)->Increment();
   // The list helper's chunks for this query (one query holds it at a time).
   if (arriving && list_helper != nullptr) state.lists = list_helper->TryLease();
-  const uint64_t chunks_before = list_helper != nullptr ? list_helper->chunks_by_helper() : 0;
   auto q = arriving
                ? ParseRouterQuery(*r.arriving, config.max_query_tokens, keys, state.lists.get())
                : ParseRouterQuery(r.body, by_hash, config.max_query_tokens, keys);
-  if (list_helper != nullptr && list_helper->chunks_by_helper() != chunks_before) {
-    list_chunks_on_helper->Increment(
-        static_cast<double>(list_helper->chunks_by_helper() - chunks_before));
-  }
-  if (state.lists != nullptr && state.lists->takeovers() != 0) {
-    helper_takeovers_list->Increment(static_cast<double>(state.lists->takeovers()));
+  if (state.lists != nullptr) {
+    if (state.lists->joined_from_helper() != 0) {
+      list_chunks_on_helper->Increment(static_cast<double>(state.lists->joined_from_helper()));
+    }
+    if (state.lists->takeovers() != 0) {
+      helper_takeovers_list->Increment(static_cast<double>(state.lists->takeovers()));
+    }
   }
   if (keys != nullptr && keys->gave_up()) helper_takeovers_keys->Increment();
   if (!q.ok()) {

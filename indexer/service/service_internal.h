@@ -185,7 +185,7 @@ struct IndexerService::Impl {
   // /query bodies parsed as they arrived (HttpServerOptions::arriving_paths) or once complete.
   Counter* parsed_arriving = nullptr;
   Counter* parsed_whole = nullptr;
-  Counter* list_chunks_on_helper = nullptr;  // ListHelper::chunks_by_helper, query by query
+  Counter* list_chunks_on_helper = nullptr;  // ListHelper::Lease::joined_from_helper, per query
   // Work the handler took back from a helper that stalled (ServiceOptions::*_helper_patience_ns).
   Counter* helper_takeovers_list = nullptr;  // chunks
   Counter* helper_takeovers_keys = nullptr;  // queries

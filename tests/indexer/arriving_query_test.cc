@@ -396,6 +396,7 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
     }
   }
   size_t takeovers = 0;
+  size_t joined_from_helper = 0;  // of the helpers' chunks, those joined into an answer
   int accepted = 0;
   int fed = 0;
   for (int round = 0; round < 1200; ++round) {
@@ -412,6 +413,7 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
     ASSERT_NE(lease, nullptr);
     const Result<RouterQuery> got = ParseRouterQuery(arriving, max_items, &sink, lease.get());
     takeovers += lease->takeovers();
+    joined_from_helper += lease->joined_from_helper();
     SCOPED_TRACE("round " + std::to_string(round) + " chunk bytes " +
                  std::to_string(lists.options().chunk_bytes));
     ASSERT_EQ(sink.ends, sink.begins) << "Begin without End";
@@ -435,6 +437,8 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
       accepted, fed, static_cast<unsigned long long>(by_helper), takeovers);
   EXPECT_GT(accepted, 300);
   EXPECT_GT(by_helper, 500u);  // the helpers' thread did take chunks
+  EXPECT_GT(joined_from_helper, 0u);
+  EXPECT_LE(joined_from_helper, by_helper);
 }
 
 // A helper stalled in a chunk (its thread held in before_chunk, as a host that takes the CPU away
