@@ -191,18 +191,19 @@ class ListHelper {
   // The helper for one query's parse, or nullptr while another query holds it.
   std::unique_ptr<Lease> TryLease();
   const Options& options() const { return options_; }
-  // Chunks the helper thread parsed, so far (tests, the bench's note).
+  // Chunks the helper thread parsed, so far (tests).
   uint64_t chunks_by_helper() const { return chunks_by_helper_.load(std::memory_order_relaxed); }
 
-  // For ParseRouterQuery (the lease holder): hands `job` to the thread; Retire (the lease's
-  // destructor) returns once the thread has left it (or never took it).
+  // For ParseRouterQuery (the lease holder): hands `job` to the thread (the lease's destructor
+  // waits for the thread to leave it).
   void Post(Job* job);
-  void Retire(Job* job);
   // The lease holder's buffer for chunk i (reused query after query).
   std::vector<int64_t>* Buffer(size_t i);
 
  private:
   void Run();
+  // Returns once the thread has left `job` (or never took it).
+  void Retire(Job* job);
 
   const Options options_;
   std::atomic<bool> leased_{false};

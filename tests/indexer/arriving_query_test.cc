@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -30,6 +29,7 @@
 #include "indexer/indexer.h"
 #include "indexer/service/key_helper.h"
 #include "indexer/service/router_api.h"
+#include "tests/testing/stall_gate.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -449,22 +449,12 @@ TEST(ArrivingQueryTest, AStalledListHelpersChunkIsReadByTheHandler) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool hold = false;  // the helper's thread stops in before_chunk while set
-  int held = 0;       // times it stopped
-  bool by_watchdog = false;
+  testing::StallGate gate;  // the helper's thread stops in before_chunk while held
   ListHelper::Options o;
   o.chunk_bytes = 4096;
   o.min_list_bytes = 0;
   o.takeover_after_ns = 200'000;
-  o.before_chunk = [&](size_t) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!hold) return;
-    ++held;
-    cv.notify_all();
-    cv.wait(lock, [&] { return !hold; });
-  };
+  o.before_chunk = [&](size_t) { gate.Hook(); };
   ListHelper lists(o);
   KeyHelper keys;
   size_t takeovers = 0;
@@ -474,34 +464,16 @@ TEST(ArrivingQueryTest, AStalledListHelpersChunkIsReadByTheHandler) {
     const std::string body = PromptBody(tokens, 16, /*spaced=*/round % 4 == 3);
     PiecewiseBody arriving(body, ServerCuts(body.size()), /*threaded=*/round % 2 == 0,
                            std::nullopt);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      hold = true;
-      held = 0;
-      by_watchdog = false;
-    }
-    bool parsed = false;
-    std::thread watchdog([&] {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return parsed; })) {
-        by_watchdog = true;
-        hold = false;
-        cv.notify_all();
-      }
-    });
+    gate.Hold();
+    gate.StartWatchdog();
     auto key_lease = keys.TryLease();
     auto lease = lists.TryLease();
     ASSERT_NE(lease, nullptr);
     auto q = ParseRouterQuery(arriving, 1 << 20, key_lease.get(), lease.get());
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      parsed = true;
-      EXPECT_FALSE(by_watchdog) << "round " << round << ": the parse waited for the stalled helper";
-      EXPECT_LE(held, 1) << "the helper took a second chunk while stopped in the first";
-      hold = false;  // the helper may go on: the lease below waits for it
-      cv.notify_all();
-    }
-    watchdog.join();
+    EXPECT_FALSE(gate.StopWatchdog())
+        << "round " << round << ": the parse waited for the stalled helper";
+    EXPECT_LE(gate.Calls(), 1) << "the helper took a second chunk while stopped in the first";
+    gate.Release();  // the helper may go on: the lease below waits for it
     ASSERT_TRUE(q.ok()) << q.status().ToString();
     ASSERT_EQ(q->token_ids, tokens) << "round " << round;
     const std::vector<uint64_t> got = key_lease->TakeKeys();

@@ -12,10 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -24,6 +21,7 @@
 
 #include "indexer/indexer.h"
 #include "indexer/service/router_api.h"
+#include "tests/testing/stall_gate.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvo {
@@ -269,19 +267,10 @@ TEST_P(KeyHelperWalkTest, WalksEqualTieredForRandomPrompts) {
 // the helper after 20 s, so an End that waits for it fails instead of hanging.
 TEST_P(KeyHelperWalkTest, AStalledHelperIsGivenUpAndTheLeaseWaitsForIt) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  std::mutex mu;
-  std::condition_variable cv;
-  bool hold = false;  // the helper stops at its third batch while set
-  int batches = 0;
-  bool by_watchdog = false;
+  testing::StallGate gate;  // the helper stops at its third batch while held
   KeyHelper::Options o;
   o.give_up_after_ns = 200'000;
-  o.before_batch = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!hold || ++batches != 3) return;
-    cv.notify_all();
-    cv.wait(lock, [&] { return !hold; });
-  };
+  o.before_batch = [&] { gate.Hook(); };
   ASSERT_NO_FATAL_FAILURE(Hold(2000, 12, o));
   ScoreQuery sq;
   sq.token_ids = prompt_;
@@ -290,38 +279,19 @@ TEST_P(KeyHelperWalkTest, AStalledHelperIsGivenUpAndTheLeaseWaitsForIt) {
   ASSERT_TRUE(want.ok());
   int gave_up = 0;
   for (int round = 0; round < 10; ++round) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      hold = round % 2 == 0;  // odd rounds: after a stall, a query that must get its walk
-      batches = 0;
-      by_watchdog = false;
-    }
-    bool parsed = false;
-    std::thread watchdog([&] {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return parsed; })) {
-        by_watchdog = true;
-        hold = false;
-        cv.notify_all();
-      }
-    });
+    // Odd rounds: after a stall, a query that must get its walk.
+    if (round % 2 == 0) gate.Hold(3);
+    gate.StartWatchdog();
     auto lease = helper_->TryLease();
     ASSERT_NE(lease, nullptr);
     // As the parse feeds it, the list whole at once; a stalled round ends once the helper is held.
     lease->Begin(16, "", prompt_.size());
     lease->Tokens(prompt_.data(), prompt_.size());
     if (round % 2 == 0) {
-      std::unique_lock<std::mutex> lock(mu);
-      ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return batches >= 3; }));
+      ASSERT_TRUE(gate.WaitHeld());
     }
     lease->End(true);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      parsed = true;
-      EXPECT_FALSE(by_watchdog) << "round " << round << ": End waited for the stalled helper";
-      cv.notify_all();
-    }
-    watchdog.join();
+    EXPECT_FALSE(gate.StopWatchdog()) << "round " << round << ": End waited for the stalled helper";
     auto walk = lease->TakeWalk();
     auto keys = lease->TakeKeys();
     // (A round that did not stall may still give up: this machine can deschedule the helper.)
@@ -340,11 +310,7 @@ TEST_P(KeyHelperWalkTest, AStalledHelperIsGivenUpAndTheLeaseWaitsForIt) {
         EXPECT_EQ((*walk)[i].disk, (*want)[i].disk) << "round " << round;
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      hold = false;
-      cv.notify_all();
-    }
+    gate.Release();
     lease.reset();  // waits for the helper to leave the given-up job
   }
   EXPECT_EQ(gave_up, 5) << "a stalled round's job was not given up";
