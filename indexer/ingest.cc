@@ -39,11 +39,16 @@ void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
   ++counters.events;
   mem.set_store_tick(tick.load(std::memory_order_relaxed));
   switch (row.kind) {
-    case kStore:
+    case kStore: {
+      // A store's blocks are a chain from its parent: each node's walk hint names the next.
+      uint32_t prev = row.parent ? mem.NodeByEngine(*row.parent) : kNoNode;
       for (size_t i = 0; i < row.hashes.size(); ++i) {
         bool conflict = false;
+        uint32_t node = kNoNode;
         const bool dup = mem.Store(inst, medium, group, row.hashes[i], row.content_keys[i],
-                                   row.block_size, row.seq, 1, &conflict);
+                                   row.block_size, row.seq, 1, &conflict, &node);
+        if (prev != kNoNode) mem.Link(prev, node);
+        prev = node;
         ++counters.stores;
         counters.duplicate_stores += dup ? 1 : 0;
         counters.content_mismatches += conflict ? 1 : 0;
@@ -51,6 +56,7 @@ void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
       counters.block_events += static_cast<int64_t>(row.hashes.size());
       out->block_events += static_cast<int64_t>(row.hashes.size());
       break;
+    }
     case kRemove:
       for (uint64_t h : row.hashes) {
         if (mem.Remove(inst, medium, group, h)) {

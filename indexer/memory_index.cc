@@ -112,8 +112,7 @@ void MemoryIndex::FreeNode(uint32_t node) {
   Node& n = nodes_[node];
   by_engine_.Erase(n.engine_hash);
   if (n.content_key != 0) {
-    const uint32_t* c = by_content_.Find(n.content_key);
-    if (c && *c == node) by_content_.Erase(n.content_key);
+    if (n.content_owner != 0) by_content_.Erase(n.content_key);
   }
   std::fill_n(Row(node, 0), media_slots_ * words_, 0);
   n = Node{};
@@ -131,16 +130,20 @@ bool MemoryIndex::NodeEmpty(uint32_t node) const {
 
 bool MemoryIndex::Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash,
                         uint64_t content_key, int64_t block_size, uint64_t seq, uint32_t refcount,
-                        bool* conflict) {
+                        bool* conflict, uint32_t* node_out) {
   *conflict = false;
   uint32_t node = NodeByEngine(engine_hash);
   if (node == kNoNode) node = NewNode(engine_hash);
+  if (node_out != nullptr) *node_out = node;
   Node& n = nodes_[node];
   std::atomic_ref<uint32_t>(n.last_used).store(store_tick_, std::memory_order_relaxed);
   if (content_key != 0) {
     if (n.content_key == 0) {
       n.content_key = content_key;
-      if (by_content_.Find(content_key) == nullptr) by_content_.Insert(content_key, node);
+      if (by_content_.Find(content_key) == nullptr) {
+        by_content_.Insert(content_key, node);
+        n.content_owner = 1;
+      }
     } else if (n.content_key != content_key) {
       *conflict = true;
     }
@@ -207,28 +210,29 @@ TieredWalker::TieredWalker(const MemoryIndex& mem, bool by_engine,
                            const std::vector<uint64_t>& filter,
                            const std::vector<uint8_t>& tier_of_medium)
     : mem_(mem),
-      table_(by_engine ? mem.by_engine_ : mem.by_content_),
+      resolver_(mem, by_engine),
       words_(mem.words_),
-      out_(mem.instances_.size(), {0, 0, 0}) {
+      out_(mem.instances_.size(), {0, 0, 0}),
+      phase_(3 * mem.words_, 0) {
   const size_t W = words_;
   const size_t n_inst = mem.instances_.size();
-  for (auto& p : phase_) p.assign(W, 0);
-  for (size_t w = 0; w < W && w < filter.size(); ++w) phase_[0][w] = filter[w];
+  uint64_t* p0 = phase_.data();
+  for (size_t w = 0; w < W && w < filter.size(); ++w) p0[w] = filter[w];
   for (size_t w = 0; w < W; ++w) {
     const size_t lo = w * 64;
     if (lo >= n_inst) {
-      phase_[0][w] = 0;
+      p0[w] = 0;
     } else if (n_inst - lo < 64) {
-      phase_[0][w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+      p0[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
     }
   }
   for (uint32_t inst = 0; inst < n_inst; ++inst) {
-    if (mem.instances_[inst].hidden) phase_[0][inst / 64] &= ~(uint64_t{1} << (inst % 64));
+    if (mem.instances_[inst].hidden) p0[inst / 64] &= ~(uint64_t{1} << (inst % 64));
   }
   // The media of each tier, so a block's per-tier masks are plain ORs.
   for (size_t m = 0; m < mem.media_.size() && m < tier_of_medium.size(); ++m) {
     const uint8_t t = tier_of_medium[m];
-    if (t <= 2) tier_media_[t][tier_count_[t]++] = static_cast<uint32_t>(m);
+    if (t <= 2) tier_offset_[t][tier_count_[t]++] = m * W;
   }
 }
 
@@ -241,68 +245,115 @@ void TieredWalker::Leave(size_t tier, size_t word, uint64_t bits, int64_t at) {
 
 bool TieredWalker::Walk(const uint64_t* keys, size_t n) {
   if (done_) return false;
-  const size_t W = words_;
-  // Software pipeline (one or two DRAM misses per block otherwise: the table slot of keys[i],
-  // then the node's bit row): the slot of block i + kSlotAhead is prefetched, and block
-  // i + kNodeAhead's slot (in cache by then) is read and its row prefetched. Blocks resolved ahead
-  // of an early exit are wasted work only; the walk and its answer are the plain loop's.
-  // (D = 16 / 8; 24 / 8, 32 / 16, 48 / 24 and 64 / 32 measured the same within the noise.)
-  constexpr size_t kSlotAhead = 16;
+  switch (words_) {
+    case 1:
+      return WalkWords<1>(keys, n);
+    case 2:
+      return WalkWords<2>(keys, n);
+    default:
+      return WalkWords<0>(keys, n);
+  }
+}
+
+template <size_t kW>
+bool TieredWalker::WalkWords(const uint64_t* keys, size_t n) {
+  const size_t W = kW > 0 ? kW : words_;
+  // The loop's state in locals (the phase masks too when the words are few): Leave's stores
+  // into out_ could alias members, and the compiler would reload them block after block.
+  std::array<uint64_t, 3 * (kW > 0 ? kW : 1)> local{};
+  uint64_t* p = phase_.data();
+  if constexpr (kW > 0) {
+    std::copy_n(phase_.data(), 3 * kW, local.data());
+    p = local.data();
+  }
+  const uint64_t* const bits = mem_.bits_.data();
+  const size_t stride = mem_.media_slots_ * W;
+  // The media of each tier as offsets in a row, and whether the layout is the usual one (one
+  // medium per tier: GPU, CPU, STORAGE), which needs no loop.
+  size_t off[3][kMaxMedia];
+  const size_t c0 = tier_count_[0], c1 = tier_count_[1], c2 = tier_count_[2];
+  std::copy_n(&tier_offset_[0][0], 3 * kMaxMedia, &off[0][0]);
+  const bool one_each = c0 == 1 && c1 == 1 && c2 == 1;
+  const size_t o0 = off[0][0], o1 = off[1][0], o2 = off[2][0];
+  // Software pipeline: block i + kNodeAhead is resolved (the resolver prefetching table slots
+  // further ahead while chain hints miss) and its row prefetched before block i is scored. Blocks
+  // resolved ahead of an early exit are wasted work only; the walk and its answer are the plain
+  // loop's.
   constexpr size_t kNodeAhead = 8;
   uint32_t ahead[kNodeAhead];
   auto resolve = [&](size_t j) {
-    const uint32_t* found = table_.Find(keys[j]);
-    const uint32_t node = found ? *found : kNoNode;
-    if (node != kNoNode) __builtin_prefetch(mem_.Row(node, 0));
+    const uint32_t node = resolver_.Resolve(keys, j, n);
+    if (node != kNoNode) __builtin_prefetch(bits + size_t{node} * stride);
     ahead[j % kNodeAhead] = node;
   };
-  for (size_t j = 0; j < std::min(n, kSlotAhead); ++j) table_.Prefetch(keys[j]);
+  resolver_.Start(keys, n);
   for (size_t j = 0; j < std::min(n, kNodeAhead); ++j) resolve(j);
-  for (size_t i = 0; i < n; ++i, ++walked_) {
-    bool any = false;
-    for (size_t w = 0; w < W; ++w) any |= (phase_[0][w] | phase_[1][w] | phase_[2][w]) != 0;
+  bool walking = false;
+  for (size_t w = 0; w < W; ++w) walking |= (p[w] | p[W + w] | p[2 * W + w]) != 0;
+  bool more = true;
+  size_t i = 0;
+  for (; i < n; ++i) {
     const uint32_t node = ahead[i % kNodeAhead];
-    if (!any || node == kNoNode) {
-      done_ = true;
-      return false;
+    if (!walking || node == kNoNode) {
+      more = false;
+      break;
     }
-    if (i + kSlotAhead < n) table_.Prefetch(keys[i + kSlotAhead]);
     if (i + kNodeAhead < n) resolve(i + kNodeAhead);
-    const uint64_t* row = mem_.Row(node, 0);
-    const int64_t at = static_cast<int64_t>(walked_);
+    const uint64_t* row = bits + size_t{node} * stride;
+    walking = false;
+#pragma GCC unroll 2
     for (size_t w = 0; w < W; ++w) {
       // Held on tier <= 0, <= 1, <= 2.
-      uint64_t h0 = 0;
-      for (size_t k = 0; k < tier_count_[0]; ++k) h0 |= row[size_t{tier_media_[0][k]} * W + w];
-      uint64_t h1 = h0;
-      for (size_t k = 0; k < tier_count_[1]; ++k) h1 |= row[size_t{tier_media_[1][k]} * W + w];
-      uint64_t h2 = h1;
-      for (size_t k = 0; k < tier_count_[2]; ++k) h2 |= row[size_t{tier_media_[2][k]} * W + w];
-      const uint64_t out0 = phase_[0][w] & ~h0;
-      Leave(0, w, out0, at);
-      phase_[0][w] &= h0;
-      phase_[1][w] |= out0;
-      const uint64_t out1 = phase_[1][w] & ~h1;
-      Leave(1, w, out1, at);
-      phase_[1][w] &= h1;
-      phase_[2][w] |= out1;
-      const uint64_t out2 = phase_[2][w] & ~h2;
-      Leave(2, w, out2, at);
-      phase_[2][w] &= h2;
+      uint64_t h0, h1, h2;
+      if (one_each) {
+        h0 = row[o0 + w];
+        h1 = h0 | row[o1 + w];
+        h2 = h1 | row[o2 + w];
+      } else {
+        h0 = 0;
+        for (size_t k = 0; k < c0; ++k) h0 |= row[off[0][k] + w];
+        h1 = h0;
+        for (size_t k = 0; k < c1; ++k) h1 |= row[off[1][k] + w];
+        h2 = h1;
+        for (size_t k = 0; k < c2; ++k) h2 |= row[off[2][k] + w];
+      }
+      uint64_t& g0 = p[w];
+      uint64_t& g1 = p[W + w];
+      uint64_t& g2 = p[2 * W + w];
+      const uint64_t out0 = g0 & ~h0;
+      g0 &= h0;
+      g1 |= out0;
+      const uint64_t out1 = g1 & ~h1;
+      g1 &= h1;
+      g2 |= out1;
+      const uint64_t out2 = g2 & ~h2;
+      g2 &= h2;
+      if ((out0 | out1 | out2) != 0) [[unlikely]] {
+        const int64_t at = static_cast<int64_t>(walked_ + i);
+        Leave(0, w, out0, at);
+        Leave(1, w, out1, at);
+        Leave(2, w, out2, at);
+      }
+      walking |= (g0 | g1 | g2) != 0;
     }
   }
-  return true;
+  walked_ += i;
+  if constexpr (kW > 0) std::copy_n(local.data(), 3 * kW, phase_.data());
+  if (!more) done_ = true;
+  return more;
 }
 
 std::vector<std::array<int64_t, 3>> TieredWalker::Finish() {
   // Still walking at the end (of the query or of known blocks): every later boundary is here.
   const int64_t end = static_cast<int64_t>(walked_);
-  for (size_t w = 0; w < words_; ++w) {
-    Leave(0, w, phase_[0][w], end);
-    Leave(1, w, phase_[0][w] | phase_[1][w], end);
-    Leave(2, w, phase_[0][w] | phase_[1][w] | phase_[2][w], end);
-    phase_[0][w] = phase_[1][w] = phase_[2][w] = 0;
+  const size_t W = words_;
+  for (size_t w = 0; w < W; ++w) {
+    const uint64_t g0 = phase_[w], g1 = phase_[W + w], g2 = phase_[2 * W + w];
+    Leave(0, w, g0, end);
+    Leave(1, w, g0 | g1, end);
+    Leave(2, w, g0 | g1 | g2, end);
   }
+  std::fill(phase_.begin(), phase_.end(), 0);
   done_ = true;
   return std::move(out_);
 }
@@ -370,23 +421,31 @@ std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
     run = 0;
   };
 
-  const FlatTable<uint32_t>& table = by_engine ? by_engine_ : by_content_;
-  constexpr size_t kSlotAhead = 16;
+  // Blocks resolved kNodeAhead ahead of use, their rows prefetched (as TieredWalker).
+  ChainResolver resolver(*this, by_engine);
   constexpr size_t kNodeAhead = 8;
   std::vector<uint32_t> node_of(N, kNoNode);
+  // The keys as far as the resolver reads ahead (lazily hashed keys grow in doubling steps).
+  auto keys_to = [&](size_t i) {
+    const size_t avail = std::min(N, i + ChainResolver::kSlotAhead + 1);
+    (void)keys[avail - 1];
+    return std::pair(keys.First(avail), avail);
+  };
   auto resolve = [&](size_t i) {
-    const uint32_t* n = table.Find(keys[i]);
-    node_of[i] = n ? *n : kNoNode;
+    const auto [k, avail] = keys_to(i);
+    node_of[i] = resolver.Resolve(k, i, avail);
     if (node_of[i] != kNoNode) __builtin_prefetch(Row(node_of[i], 0));
   };
-  for (size_t i = 0; i < std::min(N, kSlotAhead); ++i) table.Prefetch(keys[i]);
+  if (N > 0) {
+    const auto [k, avail] = keys_to(0);
+    resolver.Start(k, avail);
+  }
   for (size_t i = 0; i < std::min(N, kNodeAhead); ++i) resolve(i);
   *first_block_size = 0;
 
   bool any_alive = false;
   for (uint64_t a : alive) any_alive |= a != 0;
   for (size_t i = 0; i < N && any_alive; ++i) {
-    if (i + kSlotAhead < N) table.Prefetch(keys[i + kSlotAhead]);
     if (i + kNodeAhead < N) resolve(i + kNodeAhead);
     const uint32_t node = node_of[i];
     if (node == kNoNode) break;

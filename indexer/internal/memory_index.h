@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -124,9 +125,16 @@ class MemoryIndex {
   // Adds `refcount` references (1 for an event). Returns true when the entry already existed
   // (a duplicate store). content_key 0: unknown. A node gains a content key it lacked; a
   // conflicting one is ignored (returns via *conflict).
+  // *node_out (when given): the node that holds engine_hash.
   bool Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash,
              uint64_t content_key, int64_t block_size, uint64_t seq, uint32_t refcount,
-             bool* conflict);
+             bool* conflict, uint32_t* node_out = nullptr);
+  // A hint for the walks: node `to` follows node `from` in a chain (a store's block after its
+  // parent). Only a hint: a walk checks it against the key it looks for (ChainResolver).
+  // Ids that are not nodes are ignored (a walk reads nodes_[hint]).
+  void Link(uint32_t from, uint32_t to) {
+    if (from < nodes_.size() && to < nodes_.size()) nodes_[from].next = to;
+  }
   // Returns false when the instance does not hold the hash there (unknown removal).
   bool Remove(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash);
   // Removes every entry of the instances for which pred(inst) is true, on `medium` (or every
@@ -188,13 +196,21 @@ class MemoryIndex {
 
  private:
   friend class TieredWalker;
+  friend class ChainResolver;
+  // 32 bytes: a walk that follows `next` reads one Node per block (its keys and its hint).
   struct Node {
     uint64_t engine_hash = 0;
     uint64_t content_key = 0;
     uint32_t last_used = 0;
     uint16_t block_size = 0;
-    uint16_t live = 0;
+    uint8_t live = 0;
+    uint8_t content_owner = 0;  // by_content_ maps content_key to this node
+    // The node that followed this one in the last chain stored or walked through it (kNoNode:
+    // none). Written by Store/Link under the writer lock and by walks under the reader lock
+    // (relaxed atomic_ref, as last_used): a stale or torn-free hint is only a missed shortcut.
+    uint32_t next = kNoNode;
   };
+  static_assert(sizeof(Node) == 32);
   struct Instance {
     uint32_t source_id = 0;
     int64_t dp_rank = 0;
@@ -244,6 +260,76 @@ class MemoryIndex {
   uint32_t store_tick_ = 0;  // GPU, CPU, STORAGE; grows (x2) when other media appear
 };
 
+// Resolves a query's blocks to nodes, in order (each call the block after the last). The blocks of
+// a query are mostly a chain the index has seen, so before the hash table it tries the hint of the
+// previous block's node (`Node::next`), checked against the key: for a chain whose nodes were
+// created together that is one read of a Node streaming through memory per block instead of a
+// probe that misses the cache and the TLB (the router bench's walk: ~63 -> ~30 us of memory on the
+// 2-vCPU VM). A miss asks the table and leaves the hint for the next walk; while hints miss, the
+// table slots of the keys kSlotAhead ahead are prefetched (a walk with no hints, e.g. after a
+// restart, is the plain prefetched table walk). Same answers as table lookups alone
+// (`ChainHintsNeverChangeAWalk`). The index must not change while a resolver is used.
+class ChainResolver {
+ public:
+  static constexpr size_t kSlotAhead = 16;
+  ChainResolver(const MemoryIndex& mem, bool by_engine)
+      : nodes_(const_cast<MemoryIndex::Node*>(mem.nodes_.data())),
+        table_(by_engine ? &mem.by_engine_ : &mem.by_content_),
+        by_engine_(by_engine) {}
+  // Call once per run of keys before Resolve(keys, 0 .. n - 1).
+  void Start(const uint64_t* keys, size_t n) {
+    if (prefetch_left_ == 0) return;
+    for (size_t j = 0; j < std::min(n, kSlotAhead); ++j) table_->Prefetch(keys[j]);
+  }
+  // The node of keys[j] (kNoNode when the index does not hold it). REQUIRES: j < n, and keys[j]
+  // follows the key of the previous call. The hint's path is inline; the table's is not (a call
+  // in the walk's loop costs its registers, so only misses pay for it).
+  uint32_t Resolve(const uint64_t* keys, size_t j, size_t n) {
+    if (prev_ != kNoNode) {
+      const uint32_t hint =
+          std::atomic_ref<uint32_t>(nodes_[prev_].next).load(std::memory_order_relaxed);
+      if (hint != kNoNode && Is(hint, keys[j])) {
+        if (prefetch_left_ > 0) [[unlikely]] {
+          PrefetchAhead(keys, j, n);
+        }
+        prev_ = hint;
+        return hint;
+      }
+    }
+    return FromTable(keys, j, n);
+  }
+
+ private:
+  // Keep prefetching until 2 * kSlotAhead blocks in a row followed their hints.
+  void PrefetchAhead(const uint64_t* keys, size_t j, size_t n) {
+    --prefetch_left_;
+    if (j + kSlotAhead < n) table_->Prefetch(keys[j + kSlotAhead]);
+  }
+  [[gnu::noinline]] uint32_t FromTable(const uint64_t* keys, size_t j, size_t n) {
+    const uint32_t* found = table_->Find(keys[j]);
+    const uint32_t node = found != nullptr ? *found : kNoNode;
+    if (prev_ != kNoNode && node != kNoNode) {
+      std::atomic_ref<uint32_t>(nodes_[prev_].next).store(node, std::memory_order_relaxed);
+    }
+    if (prefetch_left_ == 0 && j + 1 < n) Start(keys + j + 1, n - j - 1);
+    prefetch_left_ = 2 * kSlotAhead;
+    PrefetchAhead(keys, j, n);
+    prev_ = node;
+    return node;
+  }
+  bool Is(uint32_t node, uint64_t key) const {
+    const MemoryIndex::Node& n = nodes_[node];
+    return n.live != 0 &&
+           (by_engine_ ? n.engine_hash == key : n.content_key == key && n.content_owner != 0);
+  }
+
+  MemoryIndex::Node* nodes_;  // hints are written through it (relaxed atomics)
+  const FlatTable<uint32_t>* table_;
+  bool by_engine_;
+  uint32_t prev_ = kNoNode;
+  size_t prefetch_left_ = 2 * kSlotAhead;
+};
+
 // TieredScore's walk fed block by block: the router API's key helper walks the keys of a /query
 // while the body is still being read. The index must not change between construction and
 // Finish (the caller holds the index's reader lock throughout).
@@ -260,14 +346,19 @@ class TieredWalker {
 
  private:
   void Leave(size_t tier, size_t word, uint64_t bits, int64_t at);
+  // Walk with the number of words fixed (1, 2: up to 128 instances, the phase masks in
+  // registers) or read from words_ (0).
+  template <size_t kW>
+  bool WalkWords(const uint64_t* keys, size_t n);
 
   const MemoryIndex& mem_;
-  const FlatTable<uint32_t>& table_;
+  ChainResolver resolver_;
   size_t words_;
   std::vector<std::array<int64_t, 3>> out_;
-  // phase[t]: instances whose walk is in tier t (0 GPU, 1 GPU|CPU, 2 any).
-  std::vector<uint64_t> phase_[3];
-  uint32_t tier_media_[3][kMaxMedia] = {};
+  // phase_[t * words_ + w]: instances whose walk is in tier t (0 GPU, 1 GPU|CPU, 2 any).
+  std::vector<uint64_t> phase_;
+  // Offsets in a node's bit row of the media of each tier (medium * words_).
+  size_t tier_offset_[3][kMaxMedia] = {};
   size_t tier_count_[3] = {0, 0, 0};
   size_t walked_ = 0;  // blocks walked
   bool done_ = false;
