@@ -565,6 +565,10 @@ int RouterApiCase(const BenchOptions& o) {
   // KVO_BENCH_NO_LIST_HELPER=1: an arriving list parsed by the handler alone (the comparison run;
   // the service runs the helper only on machines of ServiceOptions::list_helper_min_cpus CPUs).
   so.parallel_list_parse = std::getenv("KVO_BENCH_NO_LIST_HELPER") == nullptr;
+  // KVO_BENCH_LIST_HELPERS=N: the list helper's threads (default: the service's).
+  if (const char* n = std::getenv("KVO_BENCH_LIST_HELPERS")) {
+    so.list_helper_threads = static_cast<unsigned>(std::clamp(std::atoi(n), 1, 8));
+  }
   // KVO_BENCH_NO_TAKEOVER=1: the handler always waits for a helper that stalls (the comparison
   // run; ServiceOptions::list_helper_patience_ns, key_helper_patience_ns).
   const bool takeover = std::getenv("KVO_BENCH_NO_TAKEOVER") == nullptr;
@@ -801,8 +805,10 @@ int RouterApiCase(const BenchOptions& o) {
           !so.follow_query_bodies ? "the body read whole before a worker takes it"
           : tokens && so.parse_arriving_queries
               ? (chunks_on_helper > 0 ? "the token list parsed as the body arrives, in chunks "
-                                        "by the handler and a helper thread"
-                                      : "the token list parsed as the body arrives")
+                                        "by the handler and the list helper's " +
+                                            std::to_string(svc.list_helper_threads()) + " thread(s)"
+                                      : std::string("the token list parsed as the body arrives"))
+                    .c_str()
               : "the body followed by a worker as it arrives",
           tokens ? KeysNote(so.parallel_query_keys, on_helper, in_walk, helper_start_us,
                             helper_wait_us, served_us)

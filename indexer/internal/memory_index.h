@@ -1,7 +1,7 @@
 // MemoryIndex: the in-memory scoring structure of kvo_indexer (internal; see indexer/DESIGN.md).
 //
 //   node      one distinct block, known by its engine hash (by_engine_) and, when content-keyed,
-//             by its content key (by_content_); 24 bytes + a bit matrix row
+//             by its content key (by_content_); 32 bytes + a bit matrix row
 //   bits      per node, per medium, one bit per instance: "this instance holds the node there"
 //   holdings  (node, instance, medium, group) -> refcount and first sequence (16-byte slots)
 //

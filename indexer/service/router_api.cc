@@ -1436,8 +1436,10 @@ const char* JoinChunks(ListHelper::Lease& lease, const ArrivingBody& body, const
 
 ListHelper::ListHelper(Options options)
     : options_(std::move(options)), buffers_(options_.max_chunks) {
-  thread_ = std::thread([this] { Run(); });
-  pthread_setname_np(thread_.native_handle(), "kvo-list-parse");
+  for (size_t t = 0; t < std::max<size_t>(options_.threads, 1); ++t) {
+    threads_.emplace_back([this] { Run(); });
+    pthread_setname_np(threads_.back().native_handle(), "kvo-list-parse");
+  }
 }
 
 ListHelper::~ListHelper() {
@@ -1446,7 +1448,7 @@ ListHelper::~ListHelper() {
     stop_ = true;
   }
   cv_.SignalAll();
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
 }
 
 std::unique_ptr<ListHelper::Lease> ListHelper::TryLease() {
@@ -1489,25 +1491,29 @@ void ListHelper::Post(Job* job) {
   {
     MutexLock lock(&mu_);
     posted_ = job;
+    ++posted_generation_;
   }
   cv_.SignalAll();
 }
 
 void ListHelper::Retire(Job* job) {
   MutexLock lock(&mu_);
-  if (posted_ == job) posted_ = nullptr;  // never taken
-  while (working_ == job) cv_.Wait();
+  if (posted_ != job) return;  // never posted
+  posted_ = nullptr;           // no thread takes it from now on
+  while (working_ > 0) cv_.Wait();
 }
 
 void ListHelper::Run() {
+  uint64_t taken = 0;  // the generation of the last job this thread took
   for (;;) {
     Job* job = nullptr;
     {
       MutexLock lock(&mu_);
-      while (posted_ == nullptr && !stop_) cv_.Wait();
+      while ((posted_ == nullptr || posted_generation_ == taken) && !stop_) cv_.Wait();
       if (stop_) return;
-      job = std::exchange(posted_, nullptr);
-      working_ = job;
+      job = posted_;
+      taken = posted_generation_;
+      ++working_;
     }
 #if defined(__SSE2__)
     size_t have = 0;
@@ -1523,7 +1529,7 @@ void ListHelper::Run() {
 #endif
     {
       MutexLock lock(&mu_);
-      working_ = nullptr;
+      --working_;
     }
     cv_.SignalAll();
   }

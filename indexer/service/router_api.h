@@ -151,6 +151,8 @@ class ListHelper {
     size_t max_chunks = 64;              // longer lists: longer chunks
     size_t min_list_bytes = 192u << 10;  // shorter bodies are parsed by the handler alone
     size_t max_list_bytes = 16u << 20;   // and longer ones too (the chunks' buffers stay bounded)
+    // Threads reading chunks beside the handler (each takes the next chunk nobody took).
+    size_t threads = 1;
     // A chunk the helper has not finished this long after its bytes came (and the handler has
     // joined every chunk before it) is read by the handler, on `clock` (the default: never; the
     // service's is ServiceOptions::list_helper_patience_ns; a chunk takes ~10 us on a 16-core
@@ -184,25 +186,25 @@ class ListHelper {
   };
 
   explicit ListHelper(Options options);
-  ~ListHelper();  // stops and joins the thread (no lease may be held)
+  ~ListHelper();  // stops and joins the threads (no lease may be held)
   ListHelper(const ListHelper&) = delete;
   ListHelper& operator=(const ListHelper&) = delete;
 
   // The helper for one query's parse, or nullptr while another query holds it.
   std::unique_ptr<Lease> TryLease();
   const Options& options() const { return options_; }
-  // Chunks the helper thread parsed, so far (tests).
+  // Chunks the helper threads parsed, so far (tests).
   uint64_t chunks_by_helper() const { return chunks_by_helper_.load(std::memory_order_relaxed); }
 
-  // For ParseRouterQuery (the lease holder): hands `job` to the thread (the lease's destructor
-  // waits for the thread to leave it).
+  // For ParseRouterQuery (the lease holder): hands `job` to the threads (the lease's destructor
+  // waits for every thread to leave it).
   void Post(Job* job);
   // The lease holder's buffer for chunk i (reused query after query).
   std::vector<int64_t>* Buffer(size_t i);
 
  private:
   void Run();
-  // Returns once the thread has left `job` (or never took it).
+  // Returns once every thread that took `job` has left it; no thread takes it afterwards.
   void Retire(Job* job);
 
   const Options options_;
@@ -211,10 +213,13 @@ class ListHelper {
   std::vector<std::vector<int64_t>> buffers_;  // the lease holder's
   Mutex mu_;
   CondVar cv_{&mu_};
-  Job* posted_ GUARDED_BY(mu_) = nullptr;   // handed over, not yet taken
-  Job* working_ GUARDED_BY(mu_) = nullptr;  // taken, the thread in it
+  // One job at a time (one lease): posted until retired; each thread takes it once (by its
+  // generation) and is counted in `working_` while in it.
+  Job* posted_ GUARDED_BY(mu_) = nullptr;
+  uint64_t posted_generation_ GUARDED_BY(mu_) = 0;
+  size_t working_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 // by_hash: /query_by_hash ("seq_hashes" or "block_hash"), else /query ("token_ids"). A list

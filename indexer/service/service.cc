@@ -615,6 +615,7 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
       std::thread::hardware_concurrency() >= options.list_helper_min_cpus) {
     // The handler, the I/O thread, the key helper's two threads and this one: cores for each.
     ListHelper::Options lo;
+    lo.threads = std::max(options.list_helper_threads, 1u);
     lo.takeover_after_ns = options.list_helper_patience_ns;
     lo.clock = impl->clock;
     impl->list_helper = std::make_unique<ListHelper>(std::move(lo));
@@ -750,6 +751,10 @@ void IndexerService::Stop() {
 }
 
 int IndexerService::http_port() const { return impl_->http ? impl_->http->port() : 0; }
+
+size_t IndexerService::list_helper_threads() const {
+  return impl_->list_helper ? impl_->list_helper->options().threads : 0;
+}
 
 HttpResponse IndexerService::Handle(const HttpRequest& r) {
   if (r.arriving != nullptr && r.path != "/query") {

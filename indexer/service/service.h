@@ -56,6 +56,9 @@ struct ServiceOptions {
   // (ListHelper).
   bool parallel_list_parse = true;
   unsigned list_helper_min_cpus = 8;  // tests: 1
+  // The list helper's threads beside the handler. One until more are measured on a 16-core
+  // host (the bench's KVO_BENCH_LIST_HELPERS=N; indexer/DESIGN.md).
+  unsigned list_helper_threads = 1;
   // How long a /query waits for a helper thread that makes no progress before doing the helper's
   // part itself; the helper's leftovers are waited for once the answer is out. Each is about what
   // the part costs the handler (a list chunk: ~10 us; the keys the helper had not hashed and the
@@ -80,6 +83,8 @@ class IndexerService {
   void Stop();
 
   int http_port() const;  // 0 without HTTP
+  // Threads of the /query list helper (0: none on this machine or with these options).
+  size_t list_helper_threads() const;
   // Serves one request (what the HTTP server calls).
   HttpResponse Handle(const HttpRequest& request);
 

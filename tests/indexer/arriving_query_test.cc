@@ -373,11 +373,11 @@ TEST(ArrivingQueryTest, TheKeyHelperFedWhileTheListArrivesGivesThePromptsKeys) {
   EXPECT_GT(with_keys, 0);
 }
 
-// A list read in chunks by the handler and a ListHelper's thread (ParseRouterQuery's `lists`):
+// A list read in chunks by the handler and a ListHelper's threads (ParseRouterQuery's `lists`):
 // the whole-body parse's answer and sink job whatever the chunks' size (from 9 bytes: most cut an
 // element, many hold none, some start inside a member after the list), the pieces the body comes
-// in, the defects in the list or the item limit; and a body that stops arriving is an error with
-// the sink ended, the helper's thread out of the job.
+// in, the defects in the list, the item limit or the helper's threads (1-3); and a body that stops
+// arriving is an error with the sink ended, the helper's threads out of the job.
 TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
   const uint32_t seed = testing::TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -392,6 +392,7 @@ TEST(ArrivingQueryTest, ChunksReadWithTheListHelperAnswerAsTheWholeBody) {
       o.max_chunks = 4096;
       o.min_list_bytes = 0;
       o.takeover_after_ns = patience;
+      o.threads = 1 + helpers.size() % 3;  // one to three threads beside the handler
       helpers.push_back(std::make_unique<ListHelper>(o));
     }
   }
