@@ -54,10 +54,12 @@ Status IndexerService::Impl::RegisterMetrics() {
       auto* keys_family,
       metrics.AddCounterFamily("kvo_indexer_query_keys",
                                "POST /query content keys by where they were hashed: on the key "
-                               "helper while the body was parsed, or in the walk",
+                               "helper while the body was parsed, in the walk, or finished by "
+                               "the handler after the helper stalled (taken_back)",
                                {"by"}));
   KVO_ASSIGN_OR_RETURN(keys_on_helper, keys_family->WithLabels({"helper"}));
   KVO_ASSIGN_OR_RETURN(keys_in_walk, keys_family->WithLabels({"walk"}));
+  KVO_ASSIGN_OR_RETURN(keys_taken_back, keys_family->WithLabels({"taken_back"}));
   KVO_ASSIGN_OR_RETURN(
       auto* parse_family,
       metrics.AddCounterFamily("kvo_indexer_query_parses",

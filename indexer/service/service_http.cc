@@ -476,7 +476,10 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
       helper_walk = keys->TakeWalk();
       if (!helper_walk) sq.content_keys = keys->TakeKeys();
     }
-    (helper_walk || !sq.content_keys.empty() ? keys_on_helper : keys_in_walk)->Increment();
+    (keys != nullptr && keys->gave_up()        ? keys_taken_back
+     : helper_walk || !sq.content_keys.empty() ? keys_on_helper
+                                               : keys_in_walk)
+        ->Increment();
   }
   if (!q->lora_name.empty()) sq.lora_name = q->lora_name;
   const bool empty =

@@ -182,6 +182,7 @@ struct IndexerService::Impl {
   // /query's content keys: hashed on the helper while the body was parsed, or by the walk.
   Counter* keys_on_helper = nullptr;
   Counter* keys_in_walk = nullptr;
+  Counter* keys_taken_back = nullptr;  // the key helper gave up; the handler finished the keys
   // /query bodies parsed as they arrived (HttpServerOptions::arriving_paths) or once complete.
   Counter* parsed_arriving = nullptr;
   Counter* parsed_whole = nullptr;

@@ -501,8 +501,12 @@ void RouterApiTest::LargeQueriesArrivingOverHttp(int64_t patience) {
       << "no list was read in chunks with the list helper";
   takeovers_ = Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="list"})") +
                Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="keys"})");
-  std::printf("patience %lld ns: helper work taken back by the handler: %.0f\n",
-              static_cast<long long>(patience), takeovers_);
+  // A key job given up is counted where the keys were finished: by the handler, not the helper.
+  EXPECT_EQ(Metric(svc, R"(kvo_indexer_query_keys_total{by="taken_back"})"),
+            Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="keys"})"));
+  std::printf("patience %lld ns: helper work taken back by the handler: %.0f (key jobs %.0f)\n",
+              static_cast<long long>(patience), takeovers_,
+              Metric(svc, R"(kvo_indexer_query_keys_total{by="taken_back"})"));
   // Gone mid-body, then the next query on a new connection.
   {
     testing::RawHttpConn gone(svc.http_port());
