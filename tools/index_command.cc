@@ -145,6 +145,7 @@ struct ServeArgs {
   int64_t max_query_tokens = 0;
   int64_t max_sources = 0;
   int64_t memory_budget_mb = 0;
+  int max_early_requests = -1;
 };
 
 Status RunServe(const ServeArgs& a) {
@@ -170,6 +171,7 @@ Status RunServe(const ServeArgs& a) {
   ServiceOptions options;
   options.allow_remote_http = a.allow_remote;
   options.allow_remote_sources = a.allow_remote;
+  if (a.max_early_requests >= 0) options.max_early_requests = a.max_early_requests;
   if (a.memory_budget_mb > 0) {
     options.index.memory_budget_bytes = static_cast<size_t>(a.memory_budget_mb) << 20;
   }
@@ -510,6 +512,12 @@ void AddIndexCommands(CLI::App& app, CommandTable& commands) {
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   serve->add_option("--memory-budget-mb", serve_args->memory_budget_mb,
                     "byte budget of the in-memory index, MiB (default 1024)");
+  serve
+      ->add_option("--max-early-requests", serve_args->max_early_requests,
+                   "large /query, /query_by_hash and /v1/score bodies followed by a worker while "
+                   "they arrive, at once (each holds one of the 4 HTTP workers; others are read "
+                   "whole first; 0: none; default 1)")
+      ->check(CLI::Range(0, 3));
   commands.AddStatus(serve, [serve_args] { return RunServe(*serve_args); });
 
   auto client_args = std::make_shared<ClientArgs>();

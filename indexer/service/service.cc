@@ -709,6 +709,7 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
     ho.address = address;
     // A 128k-token /query is ~0.9 MB: a worker follows its body while it arrives (http_server.h).
     if (options.follow_query_bodies) ho.early_paths = {"/query", "/query_by_hash", "/v1/score"};
+    ho.max_early_requests = options.max_early_requests;
     if (options.follow_query_bodies && options.parse_arriving_queries) {
       ho.arriving_paths = {"/query"};
     }

@@ -48,6 +48,10 @@ struct ServiceOptions {
   // A worker follows a large query body while it arrives and runs the handler once it is complete
   // (HttpServerOptions::early_paths: /query, /query_by_hash, /v1/score).
   bool follow_query_bodies = true;
+  // With follow_query_bodies: how many large bodies are followed at once (each holds one of the
+  // HTTP server's 4 workers while it arrives; HttpServerOptions::max_early_requests). Others are
+  // read whole first. 0: none.
+  int max_early_requests = 1;
   // With follow_query_bodies: POST /query's handler parses the token list while it arrives
   // (HttpServerOptions::arriving_paths, ParseRouterQuery on an ArrivingBody) instead of after.
   bool parse_arriving_queries = true;

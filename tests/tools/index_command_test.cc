@@ -558,6 +558,37 @@ TEST_F(IndexCommandTest, RefusesBadConfigurationAndRemoteHttpWithoutConsent) {
   EXPECT_EQ(content, "this is not a database, and must not be overwritten\n");
 }
 
+// --max-early-requests reaches the HTTP server: with 1 (the default) a large /query is parsed
+// while its body arrives, with 0 its body is read whole first; a value past the workers is refused
+// naming the flag.
+TEST_F(IndexCommandTest, MaxEarlyRequestsDecidesWhetherALargeQueryIsFollowed) {
+  RunResult bad = RunCommand(
+      {KVO_BINARY, "index", "serve", "--db", Path("early.sqlite"), "--max-early-requests", "9"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--max-early-requests"), std::string::npos) << bad.err;
+  std::string body = R"({"model": "m", "block_size": 16, "token_ids": [)";
+  for (int i = 0; i < 20000; ++i) body += (i ? "," : "") + std::to_string(1000 + i);  // ~100 kB
+  body += "]}";
+  auto series = [](const std::string& metrics, const std::string& name) {
+    const std::string line = "\n" + name + " ";
+    const size_t at = metrics.find(line);
+    EXPECT_NE(at, std::string::npos) << name;
+    return at == std::string::npos ? -1.0 : std::atof(metrics.c_str() + at + line.size());
+  };
+  for (const int early : {0, 1}) {
+    SCOPED_TRACE("--max-early-requests " + std::to_string(early));
+    Daemon daemon(Path("early" + std::to_string(early) + ".sqlite"),
+                  std::vector<std::string>{"--max-early-requests", std::to_string(early)});
+    // Nothing is registered: the parsed query names a tenant with no instance (the parse counts).
+    const HttpClientResult answer = daemon.Call("POST", "/query", body);
+    EXPECT_EQ(answer.status, 400) << answer.body;
+    EXPECT_NE(answer.body.find("no registered instance"), std::string::npos) << answer.body;
+    const std::string metrics = daemon.Call("GET", "/metrics").body;
+    EXPECT_EQ(series(metrics, R"(kvo_indexer_query_parses_total{when="arriving"})"), early);
+    EXPECT_EQ(series(metrics, R"(kvo_indexer_query_parses_total{when="whole"})"), 1 - early);
+  }
+}
+
 // The open-file limit: `kvo index serve` lifts a low soft limit to the hard one at start (the
 // listening line says what it runs under); where the hard limit itself is too low for the
 // registered sources, /health and the sources' errors name the limit instead of failing quietly.
