@@ -358,99 +358,111 @@ std::vector<std::array<int64_t, 3>> TieredWalker::Finish() {
   return std::move(out_);
 }
 
-std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
-                                            const std::vector<uint64_t>& filter,
-                                            const std::vector<double>& weights, uint32_t tick,
-                                            int64_t* first_block_size) const {
-  const size_t W = words_;
+// Score's walk. pres[m*W+w]: alive instances holding the current block on medium m; top[m*W+w]:
+// those of them whose best medium (by weight) m is. The sums change only where those masks change
+// from one block to the next, and by the bits that changed alone: a bit that turns on at block i
+// subtracts i from its sum, one that turns off adds i (so a sum is the length of its runs), and an
+// instance that leaves `alive` at block i has held i blocks. Real prefixes change tier a few times
+// per instance, so a block costs a few word operations whatever the number of instances, and a
+// change costs its changed bits (it used to cost every instance still walking). With kW words
+// fixed (1, 2: up to 128 instances) the masks are fixed-size locals, out of the way of the sums'
+// stores (as TieredWalker::WalkWords); 0: words_ of them.
+template <size_t kW>
+void MemoryIndex::ScoreWalk(BlockKeys& keys, bool by_engine, const std::vector<uint64_t>& alive0,
+                            uint32_t tick, int64_t* first_block_size, ScoreSums& sums) const {
+  const size_t W = kW > 0 ? kW : words_;
   const size_t M = media_.size();
   const size_t N = keys.size();
-  const size_t n_inst = instances_.size();
-
-  // alive: instances still holding every block so far. pres[m*W+w]: alive instances holding the
-  // current block on medium m. Runs of blocks with identical `pres` are accumulated once (flush),
-  // so the per-block cost is a few word operations whatever the number of instances.
-  std::vector<uint64_t> alive(W, 0);
-  for (size_t w = 0; w < W && w < filter.size(); ++w) alive[w] = filter[w];
-  for (size_t w = 0; w < W; ++w) {
-    const size_t lo = w * 64;
-    if (lo >= n_inst) {
-      alive[w] = 0;
-    } else if (n_inst - lo < 64) {
-      alive[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+  using Words = std::conditional_t<(kW > 0), std::array<uint64_t, kW>, std::vector<uint64_t>>;
+  using Rows =
+      std::conditional_t<(kW > 0), std::array<uint64_t, kMaxMedia * kW>, std::vector<uint64_t>>;
+  Words alive{}, was_alive{}, covered{};
+  Rows pres{}, prev{}, top{}, prev_top{};
+  if constexpr (kW == 0) {
+    alive.assign(W, 0);
+    covered.assign(W, 0);
+    pres.assign(M * W, 0);
+    prev.assign(M * W, 0);
+    top.assign(M * W, 0);
+    prev_top.assign(M * W, 0);
+  }
+  std::copy_n(alive0.begin(), W, alive.begin());
+  was_alive = alive;
+  int64_t* const depth = sums.depth.data();
+  int64_t* const present = sums.present.data();
+  int64_t* const best = sums.best.data();
+  // Adds `sign * at` to sums[inst * M + m] for every instance in `bits` (word w).
+  auto add = [M](int64_t* sum, size_t m, size_t w, uint64_t bits, int64_t delta) {
+    for (uint64_t b = bits; b; b &= b - 1) {
+      sum[(w * 64 + static_cast<size_t>(std::countr_zero(b))) * M + m] += delta;
     }
-  }
-  for (uint32_t inst = 0; inst < n_inst; ++inst) {
-    if (instances_[inst].hidden) alive[inst / 64] &= ~(uint64_t{1} << (inst % 64));
-  }
-  std::vector<int64_t> depth(n_inst, 0);
-  std::vector<int64_t> present(n_inst * M, 0), best(n_inst * M, 0);
-  std::vector<uint32_t> order(M);
-  for (uint32_t m = 0; m < M; ++m) order[m] = m;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](uint32_t a, uint32_t b) { return weights[a] > weights[b]; });
-  std::vector<uint64_t> pres(M * W, 0), prev(M * W, 0), remaining(W);
-  int64_t run = 0;
-  auto flush = [&] {
-    if (run == 0) return;
-    for (size_t w = 0; w < W; ++w) remaining[w] = 0;
+  };
+  // The masks change at block `at` from prev/prev_top to pres (top computed here); pres all zero
+  // (`ended`) closes every run.
+  auto change = [&](int64_t at, bool ended) {
+    for (size_t w = 0; w < W; ++w) covered[w] = 0;
+    for (uint32_t m : sums.order) {
+      for (size_t w = 0; w < W; ++w) {
+        const uint64_t now = ended ? 0 : pres[m * W + w];
+        top[m * W + w] = now & ~covered[w];
+        covered[w] |= now;
+      }
+    }
     for (size_t m = 0; m < M; ++m) {
       for (size_t w = 0; w < W; ++w) {
-        remaining[w] |= prev[m * W + w];
-        for (uint64_t b = prev[m * W + w]; b; b &= b - 1) {
-          const size_t inst = w * 64 + static_cast<size_t>(std::countr_zero(b));
-          present[inst * M + m] += run;
-        }
+        const size_t i = m * W + w;
+        const uint64_t now = ended ? 0 : pres[i];
+        add(present, m, w, now & ~prev[i], -at);
+        add(present, m, w, prev[i] & ~now, at);
+        add(best, m, w, top[i] & ~prev_top[i], -at);
+        add(best, m, w, prev_top[i] & ~top[i], at);
+        prev[i] = now;
+        prev_top[i] = top[i];
       }
     }
-    // Every instance in some prev row held all `run` blocks.
     for (size_t w = 0; w < W; ++w) {
-      for (uint64_t b = remaining[w]; b; b &= b - 1) {
-        depth[w * 64 + static_cast<size_t>(std::countr_zero(b))] += run;
+      const uint64_t now = ended ? 0 : alive[w];
+      for (uint64_t b = was_alive[w] & ~now; b; b &= b - 1) {
+        depth[w * 64 + static_cast<size_t>(std::countr_zero(b))] = at;
       }
+      was_alive[w] = now;
     }
-    for (uint32_t m : order) {
-      for (size_t w = 0; w < W; ++w) {
-        const uint64_t c = prev[m * W + w] & remaining[w];
-        remaining[w] &= ~c;
-        for (uint64_t b = c; b; b &= b - 1) {
-          best[(w * 64 + static_cast<size_t>(std::countr_zero(b))) * M + m] += run;
-        }
-      }
-    }
-    run = 0;
   };
 
+  const uint64_t* const bits = bits_.data();
+  const size_t stride = media_slots_ * W;
   // Blocks resolved kNodeAhead ahead of use, their rows prefetched (as TieredWalker).
   ChainResolver resolver(*this, by_engine);
   constexpr size_t kNodeAhead = 8;
-  std::vector<uint32_t> node_of(N, kNoNode);
+  uint32_t ahead[kNodeAhead];
   // The keys as far as the resolver reads ahead (lazily hashed keys grow in doubling steps).
-  auto keys_to = [&](size_t i) {
-    const size_t avail = std::min(N, i + ChainResolver::kSlotAhead + 1);
-    (void)keys[avail - 1];
-    return std::pair(keys.First(avail), avail);
-  };
+  const uint64_t* k = nullptr;
+  size_t avail = 0;
   auto resolve = [&](size_t i) {
-    const auto [k, avail] = keys_to(i);
-    node_of[i] = resolver.Resolve(k, i, avail);
-    if (node_of[i] != kNoNode) __builtin_prefetch(Row(node_of[i], 0));
+    if (i + ChainResolver::kSlotAhead >= avail && avail < N) {
+      avail = std::min(N, std::max(i + ChainResolver::kSlotAhead + 1, 2 * avail + 64));
+      (void)keys[avail - 1];
+      k = keys.First(avail);
+    }
+    const uint32_t node = resolver.Resolve(k, i, avail);
+    if (node != kNoNode) __builtin_prefetch(bits + size_t{node} * stride);
+    ahead[i % kNodeAhead] = node;
   };
   if (N > 0) {
-    const auto [k, avail] = keys_to(0);
-    resolver.Start(k, avail);
+    resolve(0);
+    resolver.Start(k + 1, avail - 1);
   }
-  for (size_t i = 0; i < std::min(N, kNodeAhead); ++i) resolve(i);
-  *first_block_size = 0;
+  for (size_t i = 1; i < std::min(N, kNodeAhead); ++i) resolve(i);
 
   bool any_alive = false;
-  for (uint64_t a : alive) any_alive |= a != 0;
-  for (size_t i = 0; i < N && any_alive; ++i) {
-    if (i + kNodeAhead < N) resolve(i + kNodeAhead);
-    const uint32_t node = node_of[i];
+  for (size_t w = 0; w < W; ++w) any_alive |= alive[w] != 0;
+  size_t i = 0;
+  for (; i < N && any_alive; ++i) {
+    const uint32_t node = ahead[i % kNodeAhead];
     if (node == kNoNode) break;
+    if (i + kNodeAhead < N) resolve(i + kNodeAhead);
     if (i == 0) *first_block_size = nodes_[node].block_size;
-    const uint64_t* row = Row(node, 0);
+    const uint64_t* row = bits + size_t{node} * stride;
     any_alive = false;
     bool same = true;
     for (size_t w = 0; w < W; ++w) {
@@ -467,15 +479,60 @@ std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
         pres[m * W + w] = p;
       }
     }
-    if (!same) {
-      flush();
-      prev.swap(pres);
-    }
-    ++run;
+    // An instance that left `alive` held the block before on some medium, so its pres bits
+    // changed too: `same` covers the alive masks.
+    if (!same) change(static_cast<int64_t>(i), false);
     std::atomic_ref<uint32_t>(const_cast<uint32_t&>(nodes_[node].last_used))
         .store(tick, std::memory_order_relaxed);
   }
-  flush();
+  change(static_cast<int64_t>(i), true);
+}
+
+std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
+                                            const std::vector<uint64_t>& filter,
+                                            const std::vector<double>& weights, uint32_t tick,
+                                            int64_t* first_block_size) const {
+  const size_t W = words_;
+  const size_t M = media_.size();
+  const size_t n_inst = instances_.size();
+
+  // alive: instances still holding every block so far.
+  std::vector<uint64_t> alive(W, 0);
+  for (size_t w = 0; w < W && w < filter.size(); ++w) alive[w] = filter[w];
+  for (size_t w = 0; w < W; ++w) {
+    const size_t lo = w * 64;
+    if (lo >= n_inst) {
+      alive[w] = 0;
+    } else if (n_inst - lo < 64) {
+      alive[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+    }
+  }
+  for (uint32_t inst = 0; inst < n_inst; ++inst) {
+    if (instances_[inst].hidden) alive[inst / 64] &= ~(uint64_t{1} << (inst % 64));
+  }
+  ScoreSums sums;
+  sums.depth.assign(n_inst, 0);
+  sums.present.assign(n_inst * M, 0);
+  sums.best.assign(n_inst * M, 0);
+  sums.order.resize(M);
+  for (uint32_t m = 0; m < M; ++m) sums.order[m] = m;
+  std::stable_sort(sums.order.begin(), sums.order.end(),
+                   [&](uint32_t a, uint32_t b) { return weights[a] > weights[b]; });
+  *first_block_size = 0;
+  switch (W) {
+    case 1:
+      ScoreWalk<1>(keys, by_engine, alive, tick, first_block_size, sums);
+      break;
+    case 2:
+      ScoreWalk<2>(keys, by_engine, alive, tick, first_block_size, sums);
+      break;
+    default:
+      ScoreWalk<0>(keys, by_engine, alive, tick, first_block_size, sums);
+      break;
+  }
+  const std::vector<int64_t>& depth = sums.depth;
+  const std::vector<int64_t>& present = sums.present;
+  const std::vector<int64_t>& best = sums.best;
 
   std::vector<ScoreCounts> out;
   for (uint32_t inst = 0; inst < n_inst; ++inst) {

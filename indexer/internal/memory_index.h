@@ -229,6 +229,15 @@ class MemoryIndex {
     return (since << 16) | (ref > 0xFFFF ? 0xFFFF : ref);
   }
 
+  // Score's walk and what it adds up (per instance; per instance and medium).
+  struct ScoreSums {
+    std::vector<int64_t> depth, present, best;
+    std::vector<uint32_t> order;  // media by weight, heaviest first (a block's best medium)
+  };
+  template <size_t kW>
+  void ScoreWalk(BlockKeys& keys, bool by_engine, const std::vector<uint64_t>& alive, uint32_t tick,
+                 int64_t* first_block_size, ScoreSums& sums) const;
+
   uint64_t* Row(uint32_t node, uint32_t medium) {
     return &bits_[(size_t{node} * media_slots_ + medium) * words_];
   }

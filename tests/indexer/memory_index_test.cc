@@ -55,18 +55,21 @@ std::vector<Tiers> PlainTiers(const MemoryIndex& mem, const std::vector<uint64_t
   return out;
 }
 
-// Score's depth and per-medium presence by the same plain lookups.
+// Score's depth, per-medium presence and best medium (the heaviest-weighted medium holding the
+// block; ties by medium id) by the same plain lookups.
 struct PlainCounts {
   int64_t depth = 0;
   std::vector<int64_t> present;
+  std::vector<int64_t> best;
 };
 std::vector<PlainCounts> PlainScore(const MemoryIndex& mem, const std::vector<uint64_t>& keys,
-                                    bool by_engine) {
+                                    bool by_engine, const std::vector<double>& weights) {
   const size_t n_inst = mem.instance_count();
   std::vector<PlainCounts> out(n_inst);
   std::vector<bool> alive(n_inst);
   for (size_t inst = 0; inst < n_inst; ++inst) {
     out[inst].present.assign(mem.medium_count(), 0);
+    out[inst].best.assign(mem.medium_count(), 0);
     alive[inst] = !mem.Hidden(inst);
   }
   for (uint64_t key : keys) {
@@ -84,14 +87,19 @@ std::vector<PlainCounts> PlainScore(const MemoryIndex& mem, const std::vector<ui
       if (!alive[inst]) continue;
       any = true;
       ++out[inst].depth;
-      for (size_t m = 0; m < mem.medium_count(); ++m) out[inst].present[m] += on[inst][m];
+      size_t top = mem.medium_count();
+      for (size_t m = 0; m < mem.medium_count(); ++m) {
+        out[inst].present[m] += on[inst][m];
+        if (on[inst][m] && (top == mem.medium_count() || weights[m] > weights[top])) top = m;
+      }
+      ++out[inst].best[top];
     }
     if (!any) break;
   }
   return out;
 }
 
-// A random index: 70-140 instances (two or three bit words), chains stored with their parents
+// A random index: 20-140 instances (one to three bit words), chains stored with their parents
 // (hints set as ingest sets them), branches off them, removals that free nodes (their ids
 // reused by later stores), evictions, content keys shared by two engine hashes (only one node
 // owns the key), and hints pointed at arbitrary nodes. Queries follow the chain, a branch or
@@ -105,10 +113,13 @@ TEST(MemoryIndexWalkTest, ChainHintsNeverChangeAWalk) {
   constexpr uint64_t kKeys = 600;
   // Content key of engine hash e: engine hashes e and e + 300 share one.
   auto content_of = [](uint64_t e) { return 1'000'000 + (e % 300); };
-  int checked = 0, hinted_differently = 0;
+  int checked = 0, hinted_differently = 0, scored = 0;
   for (int round = 0; round < 6; ++round) {
     MemoryIndex mem;
-    const size_t n_inst = 70 + rng() % 71;
+    // One, two and three bit words (the walks' fixed-word and general code).
+    const size_t n_inst = round == 0   ? 130 + rng() % 11
+                          : round == 1 ? 20 + rng() % 45
+                                       : 70 + rng() % 71;
     for (size_t i = 0; i < n_inst; ++i) ASSERT_EQ(mem.InstanceId(static_cast<uint32_t>(i), 0), i);
     const uint32_t kvcr = mem.MediumId("CPU\x1fkvcr");
     std::vector<uint32_t> media = {0, 1, 2, kvcr};
@@ -174,8 +185,9 @@ TEST(MemoryIndexWalkTest, ChainHintsNeverChangeAWalk) {
           }
           std::vector<uint64_t> filter((n_inst + 63) / 64, ~uint64_t{0});
           const std::vector<Tiers> want = PlainTiers(mem, keys, by_engine, tiers);
-          const std::vector<PlainCounts> want_counts = PlainScore(mem, keys, by_engine);
-          std::vector<double> weights(mem.medium_count(), 1.0);
+          std::vector<double> weights(mem.medium_count());
+          for (double& w : weights) w = static_cast<double>(rng() % 3);  // ties too
+          const std::vector<PlainCounts> want_counts = PlainScore(mem, keys, by_engine, weights);
           for (int pass = 0; pass < 2; ++pass) {
             BlockKeys given = BlockKeys::Given(keys);
             const std::vector<Tiers> got = mem.TieredScore(given, by_engine, filter, tiers);
@@ -193,6 +205,8 @@ TEST(MemoryIndexWalkTest, ChainHintsNeverChangeAWalk) {
               ASSERT_EQ(c.depth, want_counts[c.instance].depth)
                   << "instance " << c.instance << " by_engine " << by_engine << " pass " << pass;
               ASSERT_EQ(c.present, want_counts[c.instance].present) << "instance " << c.instance;
+              ASSERT_EQ(c.best, want_counts[c.instance].best) << "instance " << c.instance;
+              ++scored;
             }
             ++checked;
           }
@@ -202,6 +216,7 @@ TEST(MemoryIndexWalkTest, ChainHintsNeverChangeAWalk) {
     }
   }
   EXPECT_GT(checked, 2000);
+  EXPECT_GT(scored, 20000);  // instance answers of Score checked
   EXPECT_GT(hinted_differently, 100);
 }
 
