@@ -6,8 +6,8 @@
 //   holdings  (node, instance, medium, group) -> refcount and first sequence (16-byte slots)
 //
 // Scoring walks the query's blocks, ANDs the per-node instance bits into an "alive" mask and
-// keeps the per-medium "alive and held here" masks; runs of consecutive blocks with identical
-// masks are added to the per-instance counts once, so one block costs a few word operations
+// keeps the per-medium "alive and held here" masks; the per-instance counts change only by the
+// bits that change from one block to the next, so one block costs a few word operations
 // whatever the number of instances. Thread-compatible: Indexer guards it
 // (readers shared, writers exclusive); Score's LRU touch is a relaxed atomic store.
 #pragma once
