@@ -391,7 +391,7 @@ void MemoryIndex::ScoreWalk(BlockKeys& keys, bool by_engine, const std::vector<u
   int64_t* const depth = sums.depth.data();
   int64_t* const present = sums.present.data();
   int64_t* const best = sums.best.data();
-  // Adds `sign * at` to sums[inst * M + m] for every instance in `bits` (word w).
+  // Adds `delta` to sum[inst * M + m] for every instance in `bits` (word w).
   auto add = [M](int64_t* sum, size_t m, size_t w, uint64_t bits, int64_t delta) {
     for (uint64_t b = bits; b; b &= b - 1) {
       sum[(w * 64 + static_cast<size_t>(std::countr_zero(b))) * M + m] += delta;
