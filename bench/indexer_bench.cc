@@ -717,6 +717,7 @@ int RouterApiCase(const BenchOptions& o) {
   // the HTTP /query loop): against the handler called directly, what a worker thread woken by the
   // I/O thread spends more on the same work.
   const std::string before_http = svc.metrics().RenderPrometheus();
+  const IndexerCounters walks_before = svc.index().Stats().counters;
   const int64_t faults_before = MinorFaults();
   const double steal_before = StealMs();
   const auto loop_start = Clk::now();
@@ -726,6 +727,10 @@ int RouterApiCase(const BenchOptions& o) {
   const double faults_per_query =
       static_cast<double>(MinorFaults() - faults_before) / static_cast<double>(target_iters);
   const std::string metrics = svc.metrics().RenderPrometheus();
+  // How the walks of the timed /query loop found their blocks (indexer/DESIGN.md "Chain hints").
+  const IndexerCounters walks_after = svc.index().Stats().counters;
+  const int64_t hinted = walks_after.walk_blocks_hinted - walks_before.walk_blocks_hinted;
+  const int64_t looked_up = walks_after.walk_blocks_looked_up - walks_before.walk_blocks_looked_up;
   const double served_n = metric(metrics, "kvo_indexer_score_latency_seconds_count") -
                           metric(before_http, "kvo_indexer_score_latency_seconds_count");
   const double chunks_on_helper =
@@ -823,15 +828,17 @@ int RouterApiCase(const BenchOptions& o) {
                 ? "never: it waits for a stalled helper"
                 : "after " + std::to_string(so.list_helper_patience_ns / 1000) + " / " +
                       std::to_string(so.key_helper_patience_ns / 1000) + " us without progress";
-        char faults[560];
+        char faults[700];
         std::snprintf(faults, sizeof faults,
                       "; minor page faults per request (whole process): %.1f; list chunks read "
                       "by the list helper per request: %.1f; CPU time stolen by the hypervisor "
                       "during the %.0f ms of the timed loop, all CPUs: %.0f ms; helper work the "
                       "handler took back (%s): %.0f list chunks, %.0f key jobs; the handler's "
-                      "waits for the key helper over 250 us: %.0f",
+                      "waits for the key helper over 250 us: %.0f; blocks the timed loop's walks "
+                      "found through a chain hint: %lld, through the hash table: %lld",
                       faults_per_query, chunks_on_helper, loop_ms, steal_ms, patience.c_str(),
-                      list_takeovers, key_takeovers, long_waits);
+                      list_takeovers, key_takeovers, long_waits, static_cast<long long>(hinted),
+                      static_cast<long long>(looked_up));
         r.notes += faults;
       }
       PrintResult(r, o);

@@ -214,6 +214,10 @@ struct IndexerCounters {
   int64_t flushes = 0;                  // committed transactions
   int64_t compactions = 0;              // compaction steps
   int64_t scores = 0;                   // Score/Explain calls
+  // Blocks the scoring walks resolved through a chain hint / through the hash table (a low
+  // share of hints: prompts that branch where the index last saw another branch, or a restart).
+  int64_t walk_blocks_hinted = 0;
+  int64_t walk_blocks_looked_up = 0;
 };
 
 struct IndexerStats {

@@ -337,6 +337,8 @@ bool TieredWalker::WalkWords(const uint64_t* keys, size_t n) {
       walking |= (g0 | g1 | g2) != 0;
     }
   }
+  // Resolved: the first min(n, kNodeAhead), then block i + kNodeAhead at each block i scored.
+  resolved_ += std::min(n, kNodeAhead) + (n > kNodeAhead ? std::min(i, n - kNodeAhead) : 0);
   walked_ += i;
   if constexpr (kW > 0) std::copy_n(local.data(), 3 * kW, phase_.data());
   if (!more) done_ = true;
@@ -355,6 +357,7 @@ std::vector<std::array<int64_t, 3>> TieredWalker::Finish() {
   }
   std::fill(phase_.begin(), phase_.end(), 0);
   done_ = true;
+  mem_.CountWalk(resolved_ - resolver_.looked_up(), resolver_.looked_up());
   return std::move(out_);
 }
 
@@ -438,7 +441,9 @@ void MemoryIndex::ScoreWalk(BlockKeys& keys, bool by_engine, const std::vector<u
   // The keys as far as the resolver reads ahead (lazily hashed keys grow in doubling steps).
   const uint64_t* k = nullptr;
   size_t avail = 0;
+  uint64_t resolved = 0;
   auto resolve = [&](size_t i) {
+    ++resolved;
     if (i + ChainResolver::kSlotAhead >= avail && avail < N) {
       avail = std::min(N, std::max(i + ChainResolver::kSlotAhead + 1, 2 * avail + 64));
       (void)keys[avail - 1];
@@ -486,6 +491,7 @@ void MemoryIndex::ScoreWalk(BlockKeys& keys, bool by_engine, const std::vector<u
         .store(tick, std::memory_order_relaxed);
   }
   change(static_cast<int64_t>(i), true);
+  CountWalk(resolved - resolver.looked_up(), resolver.looked_up());
 }
 
 std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,

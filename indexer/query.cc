@@ -338,6 +338,8 @@ IndexerStats Indexer::Stats() const {
     st.memory_bytes = d.mem.AllocatedBytes();
   }
   st.counters.scores = d.scores.load();
+  st.counters.walk_blocks_hinted = static_cast<int64_t>(d.mem.walk_blocks_hinted());
+  st.counters.walk_blocks_looked_up = static_cast<int64_t>(d.mem.walk_blocks_looked_up());
   st.memory_budget_bytes = d.opt.memory_budget_bytes;
   st.sqlite_cache_bytes = d.opt.sqlite_cache_bytes;
   st.sqlite_memory_bytes = sqlite3_memory_used();

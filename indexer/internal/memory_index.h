@@ -178,6 +178,14 @@ class MemoryIndex {
   std::vector<HolderInfo> Holders(uint32_t node, bool include_hidden = false) const;
   bool InstanceHolds(uint32_t node, uint32_t inst) const;
   size_t words() const { return words_; }
+  // Blocks the walks resolved through a chain hint and through the hash table, since creation
+  // (added once per walk, relaxed).
+  uint64_t walk_blocks_hinted() const { return walk_hinted_.load(std::memory_order_relaxed); }
+  uint64_t walk_blocks_looked_up() const { return walk_looked_up_.load(std::memory_order_relaxed); }
+  void CountWalk(uint64_t hinted, uint64_t looked_up) const {
+    walk_hinted_.fetch_add(hinted, std::memory_order_relaxed);
+    walk_looked_up_.fetch_add(looked_up, std::memory_order_relaxed);
+  }
 
   // ---- accounting and budget ----
   size_t node_count() const { return live_nodes_; }
@@ -267,6 +275,8 @@ class MemoryIndex {
   size_t words_ = 1;
   size_t media_slots_ = 3;
   uint32_t store_tick_ = 0;  // GPU, CPU, STORAGE; grows (x2) when other media appear
+  mutable std::atomic<uint64_t> walk_hinted_{0};
+  mutable std::atomic<uint64_t> walk_looked_up_{0};
 };
 
 // Resolves a query's blocks to nodes, in order (each call the block after the last). The blocks of
@@ -307,6 +317,9 @@ class ChainResolver {
     }
     return FromTable(keys, j, n);
   }
+  // Blocks resolved so far through the table (the others, through a hint: the caller counts
+  // its calls, so the hint's path stays free of the count).
+  uint64_t looked_up() const { return looked_up_; }
 
  private:
   // Keep prefetching until 2 * kSlotAhead blocks in a row followed their hints.
@@ -315,6 +328,7 @@ class ChainResolver {
     if (j + kSlotAhead < n) table_->Prefetch(keys[j + kSlotAhead]);
   }
   [[gnu::noinline]] uint32_t FromTable(const uint64_t* keys, size_t j, size_t n) {
+    ++looked_up_;
     const uint32_t* found = table_->Find(keys[j]);
     const uint32_t node = found != nullptr ? *found : kNoNode;
     if (prev_ != kNoNode && node != kNoNode) {
@@ -337,6 +351,7 @@ class ChainResolver {
   bool by_engine_;
   uint32_t prev_ = kNoNode;
   size_t prefetch_left_ = 2 * kSlotAhead;
+  uint64_t looked_up_ = 0;
 };
 
 // TieredScore's walk fed block by block: the router API's key helper walks the keys of a /query
@@ -369,7 +384,8 @@ class TieredWalker {
   // Offsets in a node's bit row of the media of each tier (medium * words_).
   size_t tier_offset_[3][kMaxMedia] = {};
   size_t tier_count_[3] = {0, 0, 0};
-  size_t walked_ = 0;  // blocks walked
+  size_t walked_ = 0;    // blocks walked
+  size_t resolved_ = 0;  // blocks resolved (walked, and up to kNodeAhead beyond)
   bool done_ = false;
 };
 

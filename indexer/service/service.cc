@@ -119,6 +119,15 @@ Status IndexerService::Impl::RegisterMetrics() {
                        metrics.AddGauge("kvo_indexer_dropped_by_budget_blocks",
                                         "Blocks dropped from memory by the byte budget (still "
                                         "in SQLite), since the index was opened"));
+  KVO_ASSIGN_OR_RETURN(
+      auto* walk_family,
+      metrics.AddGaugeFamily("kvo_indexer_walk_blocks",
+                             "Blocks the scoring walks resolved since the index was opened: "
+                             "through the chain hint of the block before (hint) or the hash "
+                             "table (table)",
+                             {"via"}));
+  KVO_ASSIGN_OR_RETURN(walk_blocks_hinted, walk_family->WithLabels({"hint"}));
+  KVO_ASSIGN_OR_RETURN(walk_blocks_looked_up, walk_family->WithLabels({"table"}));
   KVO_ASSIGN_OR_RETURN(log_rows_pending,
                        metrics.AddGauge("kvo_indexer_log_rows_pending",
                                         "Event log rows not yet compacted into blocks"));

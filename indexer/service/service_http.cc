@@ -149,6 +149,8 @@ std::string IndexerService::Impl::RenderMetrics() {
   blocks_in_memory->Set(static_cast<double>(stats.blocks_in_memory));
   entries_in_memory->Set(static_cast<double>(stats.entries_in_memory));
   dropped_by_budget->Set(static_cast<double>(stats.counters.dropped_by_budget));
+  walk_blocks_hinted->Set(static_cast<double>(stats.counters.walk_blocks_hinted));
+  walk_blocks_looked_up->Set(static_cast<double>(stats.counters.walk_blocks_looked_up));
   log_rows_pending->Set(static_cast<double>(stats.log_rows_pending));
   sqlite_bytes->Set(static_cast<double>(stats.sqlite_bytes));
   (void)Sources();  // refreshes the connected and lag gauges

@@ -204,6 +204,8 @@ struct IndexerService::Impl {
   Gauge* blocks_in_memory = nullptr;
   Gauge* entries_in_memory = nullptr;
   Gauge* dropped_by_budget = nullptr;
+  Gauge* walk_blocks_hinted = nullptr;     // kvo_indexer_walk_blocks{via="hint"}
+  Gauge* walk_blocks_looked_up = nullptr;  // {via="table"}
   Gauge* log_rows_pending = nullptr;
   Gauge* sqlite_bytes = nullptr;
 

@@ -240,6 +240,44 @@ TEST(MemoryIndexWalkTest, AHintToAFreedNodeIsNotFollowed) {
   EXPECT_EQ(got[0], (Tiers{2, 2, 2}));
 }
 
+// The walks count how they found each block: through the previous block's hint or the table
+// (kvo_indexer_walk_blocks). A wrong hint costs one lookup, and the walk that found it wrong
+// mends it.
+TEST(MemoryIndexWalkTest, WalksCountHowTheyFoundEachBlock) {
+  MemoryIndex mem;
+  const uint32_t inst = mem.InstanceId(0, 0);
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> nodes;
+  uint32_t prev = kNoNode;
+  for (uint64_t h = 1; h <= 100; ++h) {  // a chain stored as ingest stores it
+    bool conflict = false;
+    uint32_t node = kNoNode;
+    mem.Store(inst, 0, 0, h, 0, 16, h, 1, &conflict, &node);
+    if (prev != kNoNode) mem.Link(prev, node);
+    prev = node;
+    keys.push_back(h);
+    nodes.push_back(node);
+  }
+  auto walk = [&](bool tiered) {
+    const uint64_t hinted = mem.walk_blocks_hinted(), looked_up = mem.walk_blocks_looked_up();
+    BlockKeys given = BlockKeys::Given(keys);
+    if (tiered) {
+      EXPECT_EQ(mem.TieredScore(given, true, {~uint64_t{0}}, {0, 1, 2})[0], (Tiers{100, 100, 100}));
+    } else {
+      int64_t bs = 0;
+      EXPECT_EQ(mem.Score(given, true, {~uint64_t{0}}, {1, 1, 1}, 1, &bs)[0].depth, 100);
+    }
+    return std::pair(mem.walk_blocks_hinted() - hinted, mem.walk_blocks_looked_up() - looked_up);
+  };
+  for (const bool tiered : {true, false}) {
+    SCOPED_TRACE(tiered ? "TieredScore" : "Score");
+    EXPECT_EQ(walk(tiered), std::pair(uint64_t{99}, uint64_t{1}));  // the first block: the table
+    mem.Link(nodes[49], nodes[10]);                                 // block 50's hint: wrong
+    EXPECT_EQ(walk(tiered), std::pair(uint64_t{98}, uint64_t{2}));
+    EXPECT_EQ(walk(tiered), std::pair(uint64_t{99}, uint64_t{1}));  // mended by the last walk
+  }
+}
+
 // Walks on several threads at once, each rewriting the hints it finds wrong (relaxed atomics,
 // under the index's reader lock in the service), give the single-threaded answer. Run under TSan.
 TEST(MemoryIndexWalkTest, ConcurrentWalksRewritingHintsAgree) {

@@ -499,6 +499,10 @@ void RouterApiTest::LargeQueriesArrivingOverHttp(int64_t patience) {
       << "no body was parsed as it arrived: the arriving path went untested";
   EXPECT_GT(Metric(svc, "kvo_indexer_query_list_chunks_on_helper_total"), 0)
       << "no list was read in chunks with the list helper";
+  // The stored prefix is walked query after query: past its first block, through the hints
+  // (the random blocks after it are looked up, and are not in the index).
+  EXPECT_GT(Metric(svc, R"(kvo_indexer_walk_blocks{via="hint"})"), 0);
+  EXPECT_GT(Metric(svc, R"(kvo_indexer_walk_blocks{via="table"})"), 0);
   takeovers_ = Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="list"})") +
                Metric(svc, R"(kvo_indexer_query_helper_takeovers_total{helper="keys"})");
   // A key job given up is counted where the keys were finished: by the handler, not the helper.
