@@ -333,13 +333,13 @@ IndexerStats Indexer::Stats() const {
       st.streams.push_back(std::move(ss));
     }
     st.counters = d.counters;
+    st.counters.walk_blocks_hinted = static_cast<int64_t>(d.mem.walk_blocks_hinted());
+    st.counters.walk_blocks_looked_up = static_cast<int64_t>(d.mem.walk_blocks_looked_up());
     st.blocks_in_memory = static_cast<int64_t>(d.mem.node_count());
     st.entries_in_memory = static_cast<int64_t>(d.mem.entry_count());
     st.memory_bytes = d.mem.AllocatedBytes();
   }
   st.counters.scores = d.scores.load();
-  st.counters.walk_blocks_hinted = static_cast<int64_t>(d.mem.walk_blocks_hinted());
-  st.counters.walk_blocks_looked_up = static_cast<int64_t>(d.mem.walk_blocks_looked_up());
   st.memory_budget_bytes = d.opt.memory_budget_bytes;
   st.sqlite_cache_bytes = d.opt.sqlite_cache_bytes;
   st.sqlite_memory_bytes = sqlite3_memory_used();
