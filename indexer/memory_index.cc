@@ -193,6 +193,24 @@ void MemoryIndex::Touch(uint32_t node, uint32_t tick) {
   std::atomic_ref<uint32_t>(nodes_[node].last_used).store(tick, std::memory_order_relaxed);
 }
 
+std::vector<uint64_t> MemoryIndex::WalkStart(const std::vector<uint64_t>& filter) const {
+  const size_t n_inst = instances_.size();
+  std::vector<uint64_t> mask(words_, 0);
+  for (size_t w = 0; w < words_ && w < filter.size(); ++w) mask[w] = filter[w];
+  for (size_t w = 0; w < words_; ++w) {
+    const size_t lo = w * 64;
+    if (lo >= n_inst) {
+      mask[w] = 0;
+    } else if (n_inst - lo < 64) {
+      mask[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
+    }
+  }
+  for (uint32_t inst = 0; inst < n_inst; ++inst) {
+    if (instances_[inst].hidden) mask[inst / 64] &= ~(uint64_t{1} << (inst % 64));
+  }
+  return mask;
+}
+
 std::vector<std::array<int64_t, 3>> MemoryIndex::TieredScore(
     BlockKeys& keys, bool by_engine, const std::vector<uint64_t>& filter,
     const std::vector<uint8_t>& tier_of_medium) const {
@@ -215,20 +233,8 @@ TieredWalker::TieredWalker(const MemoryIndex& mem, bool by_engine,
       out_(mem.instances_.size(), {0, 0, 0}),
       phase_(3 * mem.words_, 0) {
   const size_t W = words_;
-  const size_t n_inst = mem.instances_.size();
-  uint64_t* p0 = phase_.data();
-  for (size_t w = 0; w < W && w < filter.size(); ++w) p0[w] = filter[w];
-  for (size_t w = 0; w < W; ++w) {
-    const size_t lo = w * 64;
-    if (lo >= n_inst) {
-      p0[w] = 0;
-    } else if (n_inst - lo < 64) {
-      p0[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
-    }
-  }
-  for (uint32_t inst = 0; inst < n_inst; ++inst) {
-    if (mem.instances_[inst].hidden) p0[inst / 64] &= ~(uint64_t{1} << (inst % 64));
-  }
+  const std::vector<uint64_t> start = mem.WalkStart(filter);
+  std::copy(start.begin(), start.end(), phase_.begin());  // every walker starts in the GPU tier
   // The media of each tier, so a block's per-tier masks are plain ORs.
   for (size_t m = 0; m < mem.media_.size() && m < tier_of_medium.size(); ++m) {
     const uint8_t t = tier_of_medium[m];
@@ -503,19 +509,7 @@ std::vector<ScoreCounts> MemoryIndex::Score(BlockKeys& keys, bool by_engine,
   const size_t n_inst = instances_.size();
 
   // alive: instances still holding every block so far.
-  std::vector<uint64_t> alive(W, 0);
-  for (size_t w = 0; w < W && w < filter.size(); ++w) alive[w] = filter[w];
-  for (size_t w = 0; w < W; ++w) {
-    const size_t lo = w * 64;
-    if (lo >= n_inst) {
-      alive[w] = 0;
-    } else if (n_inst - lo < 64) {
-      alive[w] &= (uint64_t{1} << (n_inst - lo)) - 1;
-    }
-  }
-  for (uint32_t inst = 0; inst < n_inst; ++inst) {
-    if (instances_[inst].hidden) alive[inst / 64] &= ~(uint64_t{1} << (inst % 64));
-  }
+  const std::vector<uint64_t> alive = WalkStart(filter);
   ScoreSums sums;
   sums.depth.assign(n_inst, 0);
   sums.present.assign(n_inst * M, 0);

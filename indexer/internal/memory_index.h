@@ -237,6 +237,9 @@ class MemoryIndex {
     return (since << 16) | (ref > 0xFFFF ? 0xFFFF : ref);
   }
 
+  // The instances a walk starts with: those of `filter` (missing words: none) that exist and
+  // are not hidden, words_ words.
+  std::vector<uint64_t> WalkStart(const std::vector<uint64_t>& filter) const;
   // Score's walk and what it adds up (per instance; per instance and medium).
   struct ScoreSums {
     std::vector<int64_t> depth, present, best;
