@@ -23,6 +23,7 @@
 namespace kvo {
 
 using indexer_internal::Exec;
+using indexer_internal::kNoNode;
 using indexer_internal::LogRow;
 using indexer_internal::ReadLogRow;
 using indexer_internal::ResidencyKey;
@@ -319,8 +320,12 @@ Status Indexer::Impl::Load() {
     const std::string own = file_version >= 3 ? "ownership" : "''";
     KVO_RETURN_IF_ERROR(q.Prepare(db, ("SELECT source_id, dp_rank, medium, group_idx, engine_hash, "
                                        "refcount, content_key, block_size, first_seq, " +
-                                       own + " FROM blocks")
+                                       own + ", parent_hash FROM blocks")
                                           .c_str()));
+    // The walk's chain hints (DESIGN.md "Chain hints"): each loaded block's parent is linked to it
+    // once every block is in, so the first walk after a restart follows the chain as a walk after
+    // ingest does. A parent with several children hints at the last one read.
+    std::vector<std::pair<uint64_t, uint32_t>> parent_of;
     int rc;
     while ((rc = q.Step()) == SQLITE_ROW) {
       if (cleared(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1))) continue;
@@ -333,11 +338,20 @@ Status Indexer::Impl::Load() {
       bool conflict = false;
       const int64_t ref = q.ColInt(5);
       if (ref <= 0) continue;
+      uint32_t node = kNoNode;
       (void)mem.Store(inst, medium, group, static_cast<uint64_t>(q.ColInt(4)),
                       q.ColNull(6) ? 0 : static_cast<uint64_t>(q.ColInt(6)), q.ColInt(7),
-                      static_cast<uint64_t>(q.ColInt(8)), static_cast<uint32_t>(ref), &conflict);
+                      static_cast<uint64_t>(q.ColInt(8)), static_cast<uint32_t>(ref), &conflict,
+                      &node);
+      if (!q.ColNull(10) && node != kNoNode) {
+        parent_of.emplace_back(static_cast<uint64_t>(q.ColInt(10)), node);
+      }
     }
     if (rc != SQLITE_DONE) return corrupt("blocks");
+    for (const auto& [parent, node] : parent_of) {
+      const uint32_t from = mem.NodeByEngine(parent);
+      if (from != kNoNode) mem.Link(from, node);
+    }
   }
   {
     Stmt q;
