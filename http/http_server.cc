@@ -255,17 +255,23 @@ struct ServerCore {
   std::atomic<uint64_t> followed{0};  // such requests so far
   // A worker following a body spins between its pieces (else blocks): with cores to spare.
   const bool early_spin = std::thread::hardware_concurrency() >= 4;
-  // One descriptor held in reserve (/dev/null): when the process runs out of descriptors (EMFILE:
-  // e.g. an indexer with more sources than its open-file limit allows), accept fails while other
-  // threads keep taking every descriptor that frees up, and the API that would report the problem
-  // becomes unreachable. The reserve is given up for one accept; a connection that ends takes
-  // its descriptor back as the reserve at once.
+  // One descriptor held in reserve: when the process runs out of descriptors (EMFILE: e.g. an
+  // indexer with more sources than its open-file limit allows), accept fails while other threads
+  // keep taking every descriptor that frees up, and the API that would report the problem
+  // becomes unreachable. The reserve is given up for one accept. A connection that ends while
+  // there is no reserve keeps its own descriptor as the reserve (KeepAsSpare): closing it and
+  // opening another left a window in which a thread retrying socket() took the slot, and then
+  // every accept waited on luck (a /register that never answered, 1 run in 20 under load).
   std::atomic<int> spare_fd{-1};
   void ReserveSpare() {
     if (spare_fd.load(std::memory_order_relaxed) >= 0 || stopping.load()) return;
     const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) KeepAsSpare(fd);
+  }
+  // Takes `fd` (this server's, no longer used) as the reserve when there is none, else closes it.
+  void KeepAsSpare(int fd) {
     int none = -1;
-    if (fd >= 0 && !spare_fd.compare_exchange_strong(none, fd)) ::close(fd);
+    if (stopping.load() || !spare_fd.compare_exchange_strong(none, fd)) ::close(fd);
   }
   // True when a reserve was given up (an accept may now succeed).
   bool ReleaseSpare() {
@@ -301,12 +307,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   ~Session() {
     {
-      // The connection's descriptor becomes the server's reserve again (see ReserveSpare).
       MutexLock lock(&socket_mu_);
-      beast::error_code ignored;
-      stream_.socket().close(ignored);
+      CloseSocket();
     }
-    srv_->ReserveSpare();
+    srv_->ReserveSpare();  // when the descriptor went before (a close that failed to release it)
     srv_->connections.fetch_sub(1, std::memory_order_relaxed);
     MutexLock lock(&srv_->mu);
     srv_->sessions.erase(this);
@@ -330,13 +334,25 @@ class Session : public std::enable_shared_from_this<Session> {
   void Close() {
     if (arrival_ != nullptr) std::exchange(arrival_, nullptr)->Fail();  // a follower lets go
     MutexLock lock(&socket_mu_);  // not while a worker writes to it
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.close();
+    CloseSocket();
   }
 
  private:
   const HttpServerOptions& opt() const { return srv_->options; }
+
+  // Ends the connection (pending operations complete with operation_aborted). Its descriptor is
+  // taken out of the socket, shut down, and kept as the server's reserve when there is none
+  // (ServerCore::KeepAsSpare): the slot passes to the reserve without being free in between.
+  void CloseSocket() EXCLUSIVE_LOCKS_REQUIRED(socket_mu_) {
+    auto& socket = stream_.socket();
+    if (socket.is_open()) {
+      beast::error_code ec;
+      socket.shutdown(tcp::socket::shutdown_both, ec);
+      const int fd = socket.release(ec);  // cancels its operations; the socket is then closed
+      if (!ec && fd >= 0) srv_->KeepAsSpare(fd);
+    }
+    stream_.close();  // the timer; the socket too when release failed
+  }
 
   void ReadHeader(int timeout_ms) {
     parser_.emplace();
