@@ -348,10 +348,7 @@ Status Indexer::Impl::Load() {
       }
     }
     if (rc != SQLITE_DONE) return corrupt("blocks");
-    for (const auto& [parent, node] : parent_of) {
-      const uint32_t from = mem.NodeByEngine(parent);
-      if (from != kNoNode) mem.Link(from, node);
-    }
+    mem.LinkParents(parent_of);
   }
   {
     Stmt q;

@@ -78,6 +78,15 @@ uint32_t MemoryIndex::NodeByEngine(uint64_t engine_hash) const {
   return n ? *n : kNoNode;
 }
 
+void MemoryIndex::LinkParents(std::span<const std::pair<uint64_t, uint32_t>> pairs) {
+  constexpr size_t kAhead = 16;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    if (i + kAhead < pairs.size()) by_engine_.Prefetch(pairs[i + kAhead].first);
+    const uint32_t from = NodeByEngine(pairs[i].first);
+    if (from != kNoNode) Link(from, pairs[i].second);
+  }
+}
+
 uint32_t MemoryIndex::NodeByContent(uint64_t content_key) const {
   if (content_key == 0) return kNoNode;
   const uint32_t* n = by_content_.Find(content_key);

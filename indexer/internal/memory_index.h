@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "indexer/internal/flat_table.h"
@@ -135,6 +136,10 @@ class MemoryIndex {
   void Link(uint32_t from, uint32_t to) {
     if (from < nodes_.size() && to < nodes_.size()) nodes_[from].next = to;
   }
+  // Opening a file: for each (parent engine hash, node) pair, the parent's node (when known) hints
+  // at the node (Link). The parents' table slots are prefetched ahead: one probe per pair, and a
+  // million of them are ~10% of an open.
+  void LinkParents(std::span<const std::pair<uint64_t, uint32_t>> pairs);
   // Returns false when the instance does not hold the hash there (unknown removal).
   bool Remove(uint32_t inst, uint32_t medium, uint32_t group, uint64_t engine_hash);
   // Removes every entry of the instances for which pred(inst) is true, on `medium` (or every
