@@ -184,8 +184,10 @@ bool Discoverer::PollIfDue() {
   int64_t delay_ms;
   if (st.ok()) {
     if (status_.state == "failing") {
-      KVO_LOG_INFO("discovery {}: answering again ({} sources)", target_.url, count);
+      KVO_LOG_INFO("discovery {}: answering again ({} sources) after {} failed polls", target_.url,
+                   count, status_.consecutive_failures);
     }
+    failure_log_.Reset();
     status_.state = "ok";
     status_.consecutive_failures = 0;
     status_.sources = static_cast<int64_t>(count);
@@ -198,10 +200,11 @@ bool Discoverer::PollIfDue() {
     status_.last_error = CutForMessage(st.ToString(), 512);
     delay_ms = DiscoveryBackoffMs(status_.consecutive_failures, options_.retry_initial_ms,
                                   options_.retry_max_ms);
-    KVO_LOG_WARN(
-        "discovery {}: {} (failure {} in a row); other sources unaffected; retrying in "
-        "{} ms",
-        target_.url, CutForMessage(st.ToString(), 512), status_.consecutive_failures, delay_ms);
+    RepeatFilter::Decision d = failure_log_.Note(status_.last_error);
+    if (d.log) {
+      KVO_LOG_WARN("discovery {}: {}; other sources unaffected; retrying in {} ms{}", target_.url,
+                   status_.last_error, delay_ms, d.Describe());
+    }
   }
   status_.next_delay_ms = delay_ms;
   next_due_ns_ = clock_->MonotonicNanos() + delay_ms * 1'000'000;

@@ -23,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/repeat_filter.h"
 #include "common/result.h"
 #include "indexer/service/sources_config.h"
 
@@ -96,6 +97,7 @@ class Discoverer {
   int64_t next_due_ns_ GUARDED_BY(mu_) = 0;
   bool first_ GUARDED_BY(mu_) = true;
   DiscoveryStatus status_ GUARDED_BY(mu_);
+  RepeatFilter failure_log_ GUARDED_BY(mu_);  // a target down for hours logs O(log n) lines
 };
 
 }  // namespace kvo

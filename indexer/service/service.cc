@@ -14,6 +14,7 @@
 #include "common/json.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/repeat_filter.h"
 #include "events/zmq_subscriber.h"
 #include "indexer/service/discovery.h"
 #include "indexer/service/doctor.h"
@@ -232,6 +233,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
   int64_t next_silence_log_ns = start_ns + config.silent_after_ms * 1'000'000;
   int64_t silence_log_step_ms = config.silent_after_ms;
   const auto slice = StreamSlice(s->wake.fd() >= 0, config.silent_after_ms);
+  RepeatFilter failures;  // "cannot subscribe" warnings: the first, then the 2nd, 4th, 8th, ...
   while (!Stopped(s)) {
     SubscriberOptions o;
     o.endpoint = s->stream.endpoint;
@@ -254,8 +256,12 @@ void IndexerService::Impl::RunStream(StreamState* s) {
     }
     auto created = Subscriber::Create(o, clock);
     if (!created.ok()) {
-      KVO_LOG_WARN("source '{}' rank {}: cannot subscribe ({}); retrying in {} ms",
-                   s->stream.source, s->stream.dp_rank, created.status().ToString(), backoff_ms);
+      const std::string why = created.status().ToString();
+      RepeatFilter::Decision d = failures.Note(why);
+      if (d.log) {
+        KVO_LOG_WARN("source '{}' rank {}: cannot subscribe ({}); retrying in {} ms{}",
+                     s->stream.source, s->stream.dp_rank, why, backoff_ms, d.Describe());
+      }
       {
         MutexLock lock(&s->mu);
         s->status.state = "retrying";
@@ -267,6 +273,10 @@ void IndexerService::Impl::RunStream(StreamState* s) {
       continue;
     }
     backoff_ms = config.retry_initial_ms;
+    if (int64_t failed = failures.Reset(); failed > 0) {
+      KVO_LOG_INFO("source '{}' rank {}: subscribed after {} failed attempt{}", s->stream.source,
+                   s->stream.dp_rank, failed, failed == 1 ? "" : "s");
+    }
     std::unique_ptr<Subscriber> sub = std::move(created).value();
     SubscriberStats seen;  // this subscriber's stats already folded into the status
     std::vector<SubscriberNotice> pending;  // losses that precede a later batch

@@ -20,6 +20,7 @@
 #include "events/codec.h"
 #include "events/zmq_publisher.h"
 #include "tests/indexer/service_test_util.h"
+#include "tests/testing/log_capture.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -261,13 +262,14 @@ TEST_F(ServiceTest, SilentAndUnbindableSourcesAreReportedAndRetried) {
   busy.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
   busy.bind = true;
   c.sources = {silent, busy};
+  testing::LogCapture log;
   auto svc = IndexerService::Start(c);
   ASSERT_TRUE(svc.ok()) << svc.status().ToString();
   ASSERT_TRUE(Eventually([&] {
     auto all = (*svc)->Sources();
     const StreamStatus* b = Stream(all, "busy", 0);
     const StreamStatus* q = Stream(all, "silent", 0);
-    return b && q && b->state == "retrying" && b->connect_failures >= 3 &&
+    return b && q && b->state == "retrying" && b->connect_failures >= 9 &&
            q->last_error.find("nothing received") != std::string::npos;
   }));
   auto all = (*svc)->Sources();
@@ -285,6 +287,22 @@ TEST_F(ServiceTest, SilentAndUnbindableSourcesAreReportedAndRetried) {
     auto now = (*svc)->Sources();
     return Stream(now, "busy", 0)->state != "retrying";
   }));
+  // The warnings: the 1st, 2nd, 4th, 8th, ... failure of the run is logged (with the port and how
+  // many were left out), then one line when the subscription succeeds. Before, every retry of
+  // every stream logged a line.
+  ASSERT_TRUE(Eventually([&] { return log.Matching({"'busy'", "subscribed after"}).size() == 1; }));
+  const int64_t failures = Stream((*svc)->Sources(), "busy", 0)->connect_failures;
+  ASSERT_GE(failures, 9);
+  std::vector<std::string> warned = log.Matching({"warning", "'busy'", "cannot subscribe"});
+  int64_t expected = 0;
+  for (int64_t n = 1; n <= failures; n *= 2) ++expected;
+  EXPECT_EQ(static_cast<int64_t>(warned.size()), expected) << failures << " failures";
+  ASSERT_FALSE(warned.empty());
+  EXPECT_NE(warned[0].find(std::to_string(port)), std::string::npos) << warned[0];
+  EXPECT_NE(warned.back().find(" in a row, "), std::string::npos) << warned.back();
+  EXPECT_EQ(
+      log.Matching({"'busy'", "subscribed after " + std::to_string(failures) + " failed"}).size(),
+      1U);
 }
 
 TEST_F(ServiceTest, HttpRoutes) {
