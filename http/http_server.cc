@@ -261,8 +261,9 @@ struct ServerCore {
   // becomes unreachable. The reserve is given up for one accept. A connection that ends while
   // there is no reserve keeps its own descriptor as the reserve (KeepAsSpare): closing it and
   // opening another left a window in which a thread retrying socket() could take the slot, and
-  // then every accept waited on luck (a suspected, not proven, cause of a /register that did not
-  // answer in 1 run of 20 under load: tests/tools/index_command_test.cc).
+  // then every accept waited on luck. (A /register that did not answer in 1 run of 20 under load
+  // was first blamed on this window; its cause was the test harness not reading the daemon's
+  // stderr: tests/tools/index_command_test.cc.)
   std::atomic<int> spare_fd{-1};
   void ReserveSpare() {
     if (spare_fd.load(std::memory_order_relaxed) >= 0 || stopping.load()) return;

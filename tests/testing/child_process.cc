@@ -114,7 +114,11 @@ void ChildProcess::WriteStdin(const std::string& text) {
 }
 
 void ChildProcess::Drain() {
-  while (Pump(SteadyClock::now() + std::chrono::milliseconds(1), false)) {
+  // Reads while a pipe has something, without waiting. (It used to pump with a deadline 1 ms
+  // away, which Pump's whole-millisecond rounding turned into "already passed": it read nothing,
+  // so a daemon logging more than a pipe holds blocked in write(), and with it every thread that
+  // logs, while DrainWhile's call waited for an answer.)
+  while (PumpFor(0, false)) {
   }
 }
 
@@ -153,15 +157,19 @@ int ChildProcess::Wait(SteadyClock::time_point deadline) {
 // Waits for data on the open pipes and appends it. False at the deadline, or when stdout reached
 // EOF while a stdout line was wanted.
 bool ChildProcess::Pump(SteadyClock::time_point deadline, bool want_stdout) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  if (left.count() <= 0) return false;
+  return PumpFor(static_cast<int>(left.count()), want_stdout);
+}
+
+bool ChildProcess::PumpFor(int timeout_ms, bool want_stdout) {
   pollfd fds[2];
   int n = 0;
   if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
   if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
   if (n == 0 || (want_stdout && out_fd_ < 0)) return false;
-  const auto left =
-      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
-  if (left.count() <= 0) return false;
-  const int r = ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(left.count()));
+  const int r = ::poll(fds, static_cast<nfds_t>(n), timeout_ms);
   if (r < 0 && errno == EINTR) return true;
   if (r <= 0) return false;
   for (int i = 0; i < n; ++i) {

@@ -64,7 +64,11 @@ class ChildProcess {
   const std::string& err() const { return err_; }
 
  private:
+  // Waits until `deadline` for a pipe to have something and reads it once; false when it passed
+  // (or, with want_stdout, when stdout is closed).
   bool Pump(SteadyClock::time_point deadline, bool want_stdout);
+  // The same with a timeout in milliseconds; 0 does not wait.
+  bool PumpFor(int timeout_ms, bool want_stdout);
 
   pid_t pid_ = -1;
   int in_fd_ = -1;

@@ -607,17 +607,13 @@ TEST_F(IndexCommandTest, RaisesTheSoftOpenFileLimitAndNamesItWhenExhausted) {
   // error and ends kvo. events_zmq_fd_limit_test covers the named error under the sanitizers.
   if (testing::kAddressSanitizer)
     GTEST_SKIP() << "the exhaustion half needs a build without sanitizers";
-  // Open defect (2026-12-03): with another test beside it, 40 stream threads that all run out of
-  // descriptors at once can stall in libzmq's socket creation (threads wait on the context's lock)
-  // and /register stops answering: under TSan in every loaded run, in release 1 run of 3 under
-  // load. Skipped under TSan until that is fixed; release and debug builds still run it.
-  // Since then: not reproduced on 2026-12-04 (16 TSan runs under load, two whole TSan suites); on
-  // 2026-12-05 a release run timed out once in 20 beside CI's build, then the HTTP server's
-  // reserve descriptor stopped passing through a free slot when a connection ends, and 73 release
-  // runs beside a build and 32 TSan runs beside a busy core all passed. KVO_TRY_FD_EXHAUSTION=1
-  // runs it under TSan.
-  if (testing::kThreadSanitizer && std::getenv("KVO_TRY_FD_EXHAUSTION") == nullptr)
-    GTEST_SKIP() << "open defect: stream threads stall in libzmq when descriptors run out";
+  // This half used to time out /register now and then (under TSan in most loaded runs; in release
+  // 1 run in 20 beside a build), and was skipped under TSan. The cause was this harness:
+  // ChildProcess::Drain read nothing, so the daemon's retry warnings filled its stderr pipe, the
+  // thread writing one blocked in write() holding spdlog's console mutex, and every thread that
+  // logs (the HTTP handler's "registered" line among them) queued behind it. Drain reads now
+  // (tests/testing/child_process_test.cc), and the daemon logs a run of identical retries as its
+  // 1st, 2nd, 4th, ... line.
   Daemon d(Path("low.sqlite"), {}, "ulimit -n 64");  // soft and hard: nothing to raise to
   EXPECT_EQ(d.listening()["open_files_limit"].get<uint64_t>(), 64u) << d.listening().dump();
   // Each source: a SUB and a replay DEALER socket, their mailboxes, connection attempts.
