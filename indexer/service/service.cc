@@ -229,8 +229,11 @@ void IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b) {
 void IndexerService::Impl::RunStream(StreamState* s) {
   const SourceConfig& cfg = s->source->config;
   int64_t backoff_ms = config.retry_initial_ms;
-  const int64_t start_ns = clock->MonotonicNanos();
-  int64_t next_silence_log_ns = start_ns + config.silent_after_ms * 1'000'000;
+  // Silence counts from the first subscription, not from the stream's start: a source that could
+  // not subscribe for a while (its port taken, descriptors gone) was not silent meanwhile, and
+  // logging "nothing received for N s" right after "subscribed after N failed attempts" misleads.
+  int64_t subscribed_ns = 0;
+  int64_t next_silence_log_ns = 0;
   int64_t silence_log_step_ms = config.silent_after_ms;
   const auto slice = StreamSlice(s->wake.fd() >= 0, config.silent_after_ms);
   RepeatFilter failures;  // "cannot subscribe" warnings: the first, then the 2nd, 4th, 8th, ...
@@ -273,6 +276,10 @@ void IndexerService::Impl::RunStream(StreamState* s) {
       continue;
     }
     backoff_ms = config.retry_initial_ms;
+    if (subscribed_ns == 0) {
+      subscribed_ns = clock->MonotonicNanos();
+      next_silence_log_ns = subscribed_ns + config.silent_after_ms * 1'000'000;
+    }
     if (int64_t failed = failures.Reset(); failed > 0) {
       KVO_LOG_INFO("source '{}' rank {}: subscribed after {} failed attempt{}", s->stream.source,
                    s->stream.dp_rank, failed, failed == 1 ? "" : "s");
@@ -365,11 +372,11 @@ void IndexerService::Impl::RunStream(StreamState* s) {
           MutexLock lock(&s->mu);
           last_ns = s->last_activity_ns;
         }
-        int64_t since_ns = now_ns - (last_ns != 0 ? last_ns : start_ns);
+        int64_t since_ns = now_ns - (last_ns != 0 ? last_ns : subscribed_ns);
         if (since_ns > config.silent_after_ms * 1'000'000 && now_ns >= next_silence_log_ns) {
-          KVO_LOG_WARN("source '{}' rank {} ({}): nothing received for {} s; still trying",
+          KVO_LOG_WARN("source '{}' rank {} ({}): nothing received for {:.1f} s; still trying",
                        s->stream.source, s->stream.dp_rank, s->stream.endpoint,
-                       since_ns / 1'000'000'000);
+                       static_cast<double>(since_ns) / 1e9);
           MutexLock lock(&s->mu);
           s->status.last_error = "nothing received from " + s->stream.endpoint + " for " +
                                  std::to_string(since_ns / 1'000'000) + " ms";
