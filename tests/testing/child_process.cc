@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,9 +20,16 @@ namespace kvo::testing {
 ChildProcess::ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe) {
   int in[2] = {-1, -1};
   int out[2];
-  int err[2];
-  if ((stdin_pipe && ::pipe(in) != 0) || ::pipe(out) != 0 || ::pipe(err) != 0) {
+  if ((stdin_pipe && ::pipe(in) != 0) || ::pipe(out) != 0) {
     ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return;
+  }
+  // Stderr goes to an in-memory file, not a pipe: a child that logs more than a pipe holds while
+  // the test is not reading would block in write() (kvo's logger holding its console mutex, so
+  // every thread that logs stops with it). The file grows instead; err() reads what is new.
+  err_fd_ = ::memfd_create("kvo-child-stderr", MFD_CLOEXEC);
+  if (err_fd_ < 0) {
+    ADD_FAILURE() << "memfd_create: " << std::strerror(errno);
     return;
   }
   std::vector<char*> args;
@@ -43,15 +51,13 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl took effect
     ::dup2(stdin_pipe ? in[0] : null_fd, 0);
     ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
+    ::dup2(err_fd_, 2);
     if (stdin_pipe) {
       ::close(in[0]);
       ::close(in[1]);
     }
     ::close(out[0]);
     ::close(out[1]);
-    ::close(err[0]);
-    ::close(err[1]);
     ::execve(args[0], args.data(), environ);
     const int e = errno;
     (void)!::write(report[1], &e, sizeof e);
@@ -75,10 +81,8 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv, bool stdin_pipe
   ::close(report[0]);
   if (stdin_pipe) ::close(in[0]);
   ::close(out[1]);
-  ::close(err[1]);
   in_fd_ = in[1];
   out_fd_ = out[0];
-  err_fd_ = err[0];
   if (rc != 0) {
     ADD_FAILURE() << "cannot start " << argv[0] << ": " << std::strerror(rc);
     pid_ = -1;
@@ -114,12 +118,24 @@ void ChildProcess::WriteStdin(const std::string& text) {
 }
 
 void ChildProcess::Drain() {
-  // Reads while a pipe has something, without waiting. (It used to pump with a deadline 1 ms
+  // Reads while stdout has something, without waiting. (It used to pump with a deadline 1 ms
   // away, which Pump's whole-millisecond rounding turned into "already passed": it read nothing,
-  // so a daemon logging more than a pipe holds blocked in write(), and with it every thread that
-  // logs, while DrainWhile's call waited for an answer.)
-  while (PumpFor(0, false)) {
+  // and stderr was a pipe then, so a daemon logging more than a pipe holds blocked in write(), and
+  // with it every thread that logs, while DrainWhile's call waited for an answer.)
+  while (PumpFor(0)) {
   }
+}
+
+const std::string& ChildProcess::err() const {
+  if (err_fd_ < 0) return err_;
+  char buf[65536];
+  while (true) {
+    const ssize_t got = ::pread(err_fd_, buf, sizeof buf, static_cast<off_t>(err_.size()));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    err_.append(buf, static_cast<size_t>(got));
+  }
+  return err_;
 }
 
 std::optional<std::string> ChildProcess::ReadStdoutLine(SteadyClock::time_point deadline) {
@@ -130,7 +146,7 @@ std::optional<std::string> ChildProcess::ReadStdoutLine(SteadyClock::time_point 
       out_pos_ = nl + 1;
       return line;
     }
-    if (!Pump(deadline, /*want_stdout=*/true)) return std::nullopt;
+    if (!Pump(deadline)) return std::nullopt;
   }
 }
 
@@ -140,12 +156,12 @@ int ChildProcess::Wait(SteadyClock::time_point deadline) {
     ::close(in_fd_);
     in_fd_ = -1;
   }
-  while (out_fd_ >= 0 || err_fd_ >= 0) {
-    if (!Pump(deadline, false)) break;
+  while (out_fd_ >= 0) {
+    if (!Pump(deadline)) break;
   }
-  if (out_fd_ >= 0 || err_fd_ >= 0) {
+  if (out_fd_ >= 0) {
     ADD_FAILURE() << "child " << pid_
-                  << " still running at the deadline; killing it\nstderr: " << err_;
+                  << " still running at the deadline; killing it\nstderr: " << err();
     ::kill(pid_, SIGKILL);
   }
   int st = 0;
@@ -154,35 +170,27 @@ int ChildProcess::Wait(SteadyClock::time_point deadline) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-// Waits for data on the open pipes and appends it. False at the deadline, or when stdout reached
-// EOF while a stdout line was wanted.
-bool ChildProcess::Pump(SteadyClock::time_point deadline, bool want_stdout) {
+bool ChildProcess::Pump(SteadyClock::time_point deadline) {
   const auto left =
       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
   if (left.count() <= 0) return false;
-  return PumpFor(static_cast<int>(left.count()), want_stdout);
+  return PumpFor(static_cast<int>(left.count()));
 }
 
-bool ChildProcess::PumpFor(int timeout_ms, bool want_stdout) {
-  pollfd fds[2];
-  int n = 0;
-  if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
-  if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
-  if (n == 0 || (want_stdout && out_fd_ < 0)) return false;
-  const int r = ::poll(fds, static_cast<nfds_t>(n), timeout_ms);
+bool ChildProcess::PumpFor(int timeout_ms) {
+  if (out_fd_ < 0) return false;
+  pollfd fd = {out_fd_, POLLIN, 0};
+  const int r = ::poll(&fd, 1, timeout_ms);
   if (r < 0 && errno == EINTR) return true;
   if (r <= 0) return false;
-  for (int i = 0; i < n; ++i) {
-    if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-    char buf[65536];
-    const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-    const bool is_out = fds[i].fd == out_fd_;
-    if (got > 0) {
-      (is_out ? out_ : err_).append(buf, static_cast<size_t>(got));
-    } else {
-      ::close(fds[i].fd);
-      (is_out ? out_fd_ : err_fd_) = -1;
-    }
+  char buf[65536];
+  const ssize_t got = ::read(out_fd_, buf, sizeof buf);
+  if (got < 0 && errno == EINTR) return true;
+  if (got > 0) {
+    out_.append(buf, static_cast<size_t>(got));
+  } else {
+    ::close(out_fd_);
+    out_fd_ = -1;
   }
   return true;
 }

@@ -1,6 +1,7 @@
-// ChildProcess: run a program (usually the real `kvo` binary) with stdout and stderr on pipes,
-// read its output line by line with a deadline, signal it, and reap it. Tests synchronise on what
-// the child prints or on its exit; deadlines exist only to turn a hang into a failure.
+// ChildProcess: run a program (usually the real `kvo` binary) with stdout on a pipe and stderr in
+// an in-memory file, read its output line by line with a deadline, signal it, and reap it. Tests
+// synchronise on what the child prints or on its exit; deadlines exist only to turn a hang into a
+// failure.
 #pragma once
 
 #include <sys/types.h>
@@ -39,16 +40,17 @@ class ChildProcess {
   // The next complete stdout line, or nullopt at EOF or when `deadline` passes.
   std::optional<std::string> ReadStdoutLine(SteadyClock::time_point deadline);
 
-  // Reads both pipes to EOF and reaps the child. Returns the exit code; -1 when it was killed by
+  // Reads stdout to EOF and reaps the child. Returns the exit code; -1 when it was killed by
   // a signal or the deadline passed (then the child is SIGKILLed and the test fails).
   int Wait(SteadyClock::time_point deadline);
 
-  // Reads whatever the pipes hold now (keeps a chatty child from blocking on a full pipe).
+  // Reads whatever stdout holds now (keeps a child that prints a lot from blocking on a full pipe;
+  // stderr never blocks: it is a file).
   void Drain();
 
-  // Runs `call` on a thread of its own while this one reads the pipes, and returns its result: a
-  // child that writes more than a pipe holds while the call waits on it (an HTTP call to a daemon
-  // logging every refused stream) would otherwise block writing and never answer.
+  // Runs `call` on a thread of its own while this one reads stdout, and returns its result: a
+  // child that prints more than a pipe holds while the call waits on it would otherwise block
+  // writing and never answer.
   template <class F>
   auto DrainWhile(F&& call) {
     auto result = std::async(std::launch::async, std::forward<F>(call));
@@ -59,24 +61,25 @@ class ChildProcess {
     return result.get();
   }
 
-  // Stdout not yet returned by ReadStdoutLine, and all of stderr so far.
+  // Stdout not yet returned by ReadStdoutLine, and all of stderr so far (read when called; not
+  // to be called while another thread uses this object).
   std::string out() const { return out_.substr(out_pos_); }
-  const std::string& err() const { return err_; }
+  const std::string& err() const;
 
  private:
-  // Waits until `deadline` for a pipe to have something and reads it once; false when it passed
-  // (or, with want_stdout, when stdout is closed).
-  bool Pump(SteadyClock::time_point deadline, bool want_stdout);
+  // Waits until `deadline` for stdout to have something and reads it once; false when the
+  // deadline passed or stdout is closed.
+  bool Pump(SteadyClock::time_point deadline);
   // The same with a timeout in milliseconds; 0 does not wait.
-  bool PumpFor(int timeout_ms, bool want_stdout);
+  bool PumpFor(int timeout_ms);
 
   pid_t pid_ = -1;
   int in_fd_ = -1;
   int out_fd_ = -1;
-  int err_fd_ = -1;
+  int err_fd_ = -1;  // the child's stderr (memfd); read by err() from err_.size() on
   std::string out_;
   size_t out_pos_ = 0;
-  std::string err_;
+  mutable std::string err_;
   std::optional<int> status_;
 };
 
