@@ -232,8 +232,9 @@ class Daemon {
   const HttpAddress& address() const { return address_; }
   std::string http() const { return "127.0.0.1:" + std::to_string(address_.port); }
 
-  // The daemon's pipes are read during the call (ChildProcess::DrainWhile): 40 streams refused at
-  // once when descriptors run out log more than a pipe holds (CI, TSan phase: /register timed out).
+  // The daemon's stdout is read during the call (ChildProcess::DrainWhile); its stderr is a file
+  // and never blocks it (40 streams refused at once when descriptors run out used to fill a
+  // stderr pipe: /register timed out).
   HttpClientResult Call(const std::string& method, const std::string& path,
                         const std::string& body = "") {
     auto r = child_->DrainWhile([&] { return HttpCall(address_, method, path, body, 10'000); });
@@ -611,9 +612,9 @@ TEST_F(IndexCommandTest, RaisesTheSoftOpenFileLimitAndNamesItWhenExhausted) {
   // 1 run in 20 beside a build), and was skipped under TSan. The cause was this harness:
   // ChildProcess::Drain read nothing, so the daemon's retry warnings filled its stderr pipe, the
   // thread writing one blocked in write() holding spdlog's console mutex, and every thread that
-  // logs (the HTTP handler's "registered" line among them) queued behind it. Drain reads now
-  // (tests/testing/child_process_test.cc), and the daemon logs a run of identical retries as its
-  // 1st, 2nd, 4th, ... line.
+  // logs (the HTTP handler's "registered" line among them) queued behind it. A child's stderr is
+  // a file now (tests/testing/child_process_test.cc), and the daemon logs a run of identical
+  // retries as its 1st, 2nd, 4th, ... line.
   Daemon d(Path("low.sqlite"), {}, "ulimit -n 64");  // soft and hard: nothing to raise to
   EXPECT_EQ(d.listening()["open_files_limit"].get<uint64_t>(), 64u) << d.listening().dump();
   // Each source: a SUB and a replay DEALER socket, their mailboxes, connection attempts.
