@@ -170,6 +170,18 @@ Status Discoverer::PollOnce(std::string* model, size_t* count) {
   return apply_(target_, *model, sources);
 }
 
+const char* DiscoveryPhaseName(DiscoveryPhase phase) {
+  switch (phase) {
+    case DiscoveryPhase::kPending:
+      return "pending";
+    case DiscoveryPhase::kOk:
+      return "ok";
+    case DiscoveryPhase::kFailing:
+      return "failing";
+  }
+  return "pending";
+}
+
 bool Discoverer::PollIfDue() {
   {
     MutexLock lock(&mu_);
@@ -183,18 +195,18 @@ bool Discoverer::PollIfDue() {
   ++status_.polls;
   int64_t delay_ms;
   if (st.ok()) {
-    if (status_.state == "failing") {
+    if (status_.state == DiscoveryPhase::kFailing) {
       KVO_LOG_INFO("discovery {}: answering again ({} sources) after {} failed polls", target_.url,
                    count, status_.consecutive_failures);
     }
     failure_log_.Reset();
-    status_.state = "ok";
+    status_.state = DiscoveryPhase::kOk;
     status_.consecutive_failures = 0;
     status_.sources = static_cast<int64_t>(count);
     status_.model = model;
     delay_ms = options_.interval_ms;
   } else {
-    status_.state = "failing";
+    status_.state = DiscoveryPhase::kFailing;
     ++status_.failures;
     ++status_.consecutive_failures;
     status_.last_error = CutForMessage(st.ToString(), 512);

@@ -60,9 +60,17 @@ struct DiscoveryOptions {
   int64_t timeout_ms = 2'000;
 };
 
+enum class DiscoveryPhase {
+  kPending,  // not polled yet
+  kOk,       // the last poll was answered
+  kFailing,  // the last poll failed; retried with backoff
+};
+// "pending" | "ok" | "failing"
+const char* DiscoveryPhaseName(DiscoveryPhase phase);
+
 struct DiscoveryStatus {
   std::string url;
-  std::string state = "pending";  // pending | ok | failing
+  DiscoveryPhase state = DiscoveryPhase::kPending;
   int64_t polls = 0;
   int64_t failures = 0;
   int64_t consecutive_failures = 0;

@@ -272,6 +272,20 @@ std::string RenderError(std::string_view message) {
   return out.dump(-1, ' ', false, OJson::error_handler_t::replace);
 }
 
+const char* StreamPhaseName(StreamPhase phase) {
+  switch (phase) {
+    case StreamPhase::kConnecting:
+      return "connecting";
+    case StreamPhase::kFollowing:
+      return "following";
+    case StreamPhase::kSilent:
+      return "silent";
+    case StreamPhase::kRetrying:
+      return "retrying";
+  }
+  return "connecting";
+}
+
 std::string ParseErrorMessage(std::string_view body) {
   auto doc = ParseJson(body);
   if (doc.ok() && doc->is_object() && doc->contains("error") && (*doc)["error"].is_string()) {
@@ -353,7 +367,7 @@ std::string RenderSources(const std::vector<SourceStatus>& sources) {
       j["dp_rank"] = st.dp_rank;
       j["endpoint"] = st.endpoint;
       j["replay_endpoint"] = st.replay_endpoint.empty() ? OJson() : OJson(st.replay_endpoint);
-      j["state"] = st.state;
+      j["state"] = StreamPhaseName(st.state);
       j["connected"] = st.connected;
       j["last_sequence"] = st.has_seq ? OJson(st.last_seq) : OJson();
       j["durable_sequence"] = st.has_seq ? OJson(st.durable_seq) : OJson();

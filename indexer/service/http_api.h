@@ -58,13 +58,23 @@ std::string ParseErrorMessage(std::string_view body);
 // The /v1/score body for a query (the inverse of ParseScoreRequest).
 std::string RenderScoreRequest(const ScoreQuery& query);
 
+// A stream's state in GET /v1/sources and GET /workers.
+enum class StreamPhase {
+  kConnecting,  // no subscriber yet, or subscribed and nothing received yet
+  kFollowing,   // something received within silent_after_ms
+  kSilent,      // something received once, nothing within silent_after_ms
+  kRetrying,    // the subscriber could not be created; waiting out the backoff
+};
+// "connecting" | "following" | "silent" | "retrying"
+const char* StreamPhaseName(StreamPhase phase);
+
 // One stream's status in GET /v1/sources.
 struct StreamStatus {
   int64_t dp_rank = 0;
   std::string endpoint;
   std::string replay_endpoint;  // empty: none
   bool connected = false;       // subscriber up and something received within silent_after_ms
-  std::string state;            // "connecting" | "following" | "silent" | "retrying"
+  StreamPhase state = StreamPhase::kConnecting;
   bool has_seq = false;
   uint64_t last_seq = 0;         // last applied sequence
   uint64_t durable_seq = 0;      // last sequence committed to SQLite

@@ -1987,7 +1987,7 @@ std::string RenderWorkers(const std::vector<WorkerInfo>& workers) {
     }
     j["source"] = w.source;
     j["registered"] = w.registered;
-    j["state"] = w.state;
+    j["state"] = StreamPhaseName(w.state);
     j["last_sequence"] = w.last_sequence ? OJson(*w.last_sequence) : OJson(nullptr);
     list.push_back(std::move(j));
   }

@@ -38,6 +38,7 @@
 #include "common/mutex.h"
 #include "common/result.h"
 #include "indexer/indexer.h"
+#include "indexer/service/http_api.h"
 
 namespace kvo {
 
@@ -339,7 +340,7 @@ struct WorkerInfo {
   Registration reg;
   std::string source;
   bool registered = false;
-  std::string state;
+  StreamPhase state = StreamPhase::kConnecting;
   std::optional<uint64_t> last_sequence;
 };
 std::string RenderWorkers(const std::vector<WorkerInfo>& workers);

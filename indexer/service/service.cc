@@ -255,7 +255,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
     }
     {
       MutexLock lock(&s->mu);
-      s->status.state = "connecting";
+      s->status.state = StreamPhase::kConnecting;
     }
     auto created = Subscriber::Create(o, clock);
     if (!created.ok()) {
@@ -267,7 +267,7 @@ void IndexerService::Impl::RunStream(StreamState* s) {
       }
       {
         MutexLock lock(&s->mu);
-        s->status.state = "retrying";
+        s->status.state = StreamPhase::kRetrying;
         ++s->status.connect_failures;
         s->status.last_error = created.status().ToString();
       }
@@ -436,7 +436,7 @@ Status IndexerService::Impl::AddSource(const SourceConfig& sc, std::optional<Reg
     KVO_RETURN_IF_ERROR(RegisterStream(st.get()));
     {
       MutexLock lock(&st->mu);
-      st->status.state = "connecting";
+      st->status.state = StreamPhase::kConnecting;
     }
     added.push_back(std::move(st));
   }
@@ -549,7 +549,8 @@ namespace {
 // A stream waiting to retry a subscribe refused for want of descriptors (events/zmq_util.cc
 // names the limit in the error).
 bool IsFdLimitError(const StreamStatus& st) {
-  return st.state == "retrying" && st.last_error.find("RLIMIT_NOFILE") != std::string::npos;
+  return st.state == StreamPhase::kRetrying &&
+         st.last_error.find("RLIMIT_NOFILE") != std::string::npos;
 }
 }  // namespace
 
@@ -573,7 +574,7 @@ std::string IndexerService::Impl::DiscoveryJson() const {
     DiscoveryStatus st = d->status();
     nlohmann::ordered_json j;
     j["url"] = st.url;
-    j["state"] = st.state;
+    j["state"] = DiscoveryPhaseName(st.state);
     j["polls"] = st.polls;
     j["failures"] = st.failures;
     j["consecutive_failures"] = st.consecutive_failures;

@@ -23,6 +23,8 @@
 
 namespace kvo {
 
+using service_internal::ObservedPhase;
+using service_internal::Recent;
 using service_internal::SourceState;
 using service_internal::StreamState;
 
@@ -128,11 +130,9 @@ std::vector<SourceStatus> IndexerService::Impl::Sources() const {
         status.has_seq = false;
       }
       status.lag_seconds = ts > 0 ? std::max(0.0, now_s - ts) : 0.0;
-      bool recent = activity != 0 && now_ns - activity <= config.silent_after_ms * 1'000'000;
+      const bool recent = Recent(activity, now_ns, config.silent_after_ms);
       status.connected = recent;
-      if (status.state != "retrying") {
-        status.state = recent ? "following" : (activity != 0 ? "silent" : "connecting");
-      }
+      status.state = ObservedPhase(status.state, activity, now_ns, config.silent_after_ms);
       st->metrics.connected->Set(recent ? 1 : 0);
       st->metrics.lag->Set(status.lag_seconds);
       ss.connected = ss.connected && recent;
@@ -507,6 +507,7 @@ HttpResponse IndexerService::Impl::RouterQuery(const HttpRequest& r, bool by_has
 }
 
 HttpResponse IndexerService::Impl::Workers() const {
+  const int64_t now_ns = clock->MonotonicNanos();
   std::vector<WorkerInfo> out;
   MutexLock lock(&registry_mu);
   for (const auto& st : streams) {
@@ -524,7 +525,8 @@ HttpResponse IndexerService::Impl::Workers() const {
     }
     {
       MutexLock slock(&st->mu);
-      w.state = st->status.state;
+      w.state =
+          ObservedPhase(st->status.state, st->last_activity_ns, now_ns, config.silent_after_ms);
     }
     auto last = index->LastSequence(st->stream.source, st->stream.dp_rank);
     if (last.ok()) w.last_sequence = *last;

@@ -40,6 +40,21 @@ inline std::chrono::milliseconds StreamSlice(bool woken_by_fd, int64_t silent_af
       std::clamp<int64_t>(silent_after_ms / 4, kPollSlice.count(), 1000));
 }
 
+// Whether a stream last heard from its publisher (`activity_ns`, monotonic; 0: never) within
+// silent_after_ms of `now_ns`.
+inline bool Recent(int64_t activity_ns, int64_t now_ns, int64_t silent_after_ms) {
+  return activity_ns != 0 && now_ns - activity_ns <= silent_after_ms * 1'000'000;
+}
+
+// The state GET /v1/sources and GET /workers report for a stream whose thread last set `stored`
+// (it sets only kConnecting and kRetrying): following or silent are read off its activity.
+inline StreamPhase ObservedPhase(StreamPhase stored, int64_t activity_ns, int64_t now_ns,
+                                 int64_t silent_after_ms) {
+  if (stored == StreamPhase::kRetrying) return stored;
+  if (Recent(activity_ns, now_ns, silent_after_ms)) return StreamPhase::kFollowing;
+  return activity_ns != 0 ? StreamPhase::kSilent : StreamPhase::kConnecting;
+}
+
 inline std::vector<double> LatencyBuckets() {
   return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5};
 }

@@ -220,7 +220,7 @@ TEST(DiscovererTest, BackoffScheduleIsDeterministicOnTheClock) {
   for (int64_t delay : expected_delays) {
     ASSERT_TRUE(d.PollIfDue());  // due
     DiscoveryStatus st = d.status();
-    EXPECT_EQ(st.state, "failing");
+    EXPECT_EQ(st.state, DiscoveryPhase::kFailing);
     EXPECT_EQ(st.next_delay_ms, delay);
     EXPECT_NE(st.last_error.find("/kv_event_sources"), std::string::npos) << st.last_error;
     clock.AdvanceMicros(delay * 1000 - 1);
@@ -239,7 +239,7 @@ TEST(DiscovererTest, BackoffScheduleIsDeterministicOnTheClock) {
   clock.AdvanceMicros(80'000);
   ASSERT_TRUE(d.PollIfDue());
   DiscoveryStatus st = d.status();
-  EXPECT_EQ(st.state, "ok");
+  EXPECT_EQ(st.state, DiscoveryPhase::kOk);
   EXPECT_EQ(st.consecutive_failures, 0);
   EXPECT_EQ(st.failures, 5);
   EXPECT_EQ(st.next_delay_ms, 1'000);

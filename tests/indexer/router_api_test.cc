@@ -223,6 +223,9 @@ TEST_F(RouterApiTest, ReferenceBodiesTieredMatchRestartAndUnregister) {
   ASSERT_EQ(workers["workers"].size(), 2u);
   EXPECT_EQ(workers["workers"][0]["instance_id"], "vllm-prefill-node1");
   EXPECT_EQ(workers["workers"][0]["model_name"], "deepseek");
+  // Both streams have delivered batches: /workers says so, as /v1/sources does (it said
+  // "connecting" for as long as a stream lived).
+  for (const Json& w : workers["workers"]) EXPECT_EQ(w["state"], "following") << w.dump();
 
   // Restart of the indexer between register and query: no flags, the registrations resume from
   // their checkpoints (the stream is not replayed from scratch).

@@ -270,7 +270,7 @@ TEST_F(ServiceTest, SilentAndUnbindableSourcesAreReportedAndRetried) {
     auto all = (*svc)->Sources();
     const StreamStatus* b = Stream(all, "busy", 0);
     const StreamStatus* q = Stream(all, "silent", 0);
-    return b && q && b->state == "retrying" && b->connect_failures >= 9 &&
+    return b && q && b->state == StreamPhase::kRetrying && b->connect_failures >= 9 &&
            q->last_error.find("nothing received") != std::string::npos;
   }));
   auto all = (*svc)->Sources();
@@ -287,7 +287,7 @@ TEST_F(ServiceTest, SilentAndUnbindableSourcesAreReportedAndRetried) {
   ::close(fd);  // the port is free: the retry succeeds
   ASSERT_TRUE(Eventually([&] {
     auto now = (*svc)->Sources();
-    return Stream(now, "busy", 0)->state != "retrying";
+    return Stream(now, "busy", 0)->state != StreamPhase::kRetrying;
   }));
   // The warnings: the 1st, 2nd, 4th, 8th, ... failure of the run is logged (with the port and how
   // many were left out), then one line when the subscription succeeds. Before, every retry of
