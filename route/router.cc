@@ -510,7 +510,8 @@ Result<std::unique_ptr<Router>> Router::Create(RouterOptions options,
 HttpResponse Router::Handle(const HttpRequest& r) {
   auto only = [&](const char* method) -> std::optional<HttpResponse> {
     if (r.method == method) return std::nullopt;
-    return OpenAiError(405, r.method + " " + r.path + ": use " + method);
+    return OpenAiError(
+        405, CutForMessage(r.method, 16) + " " + CutForMessage(r.path) + ": use " + method);
   };
   if (r.path == "/v1/completions" || r.path == "/v1/chat/completions") {
     if (auto bad = only("POST")) return *bad;
@@ -537,7 +538,7 @@ HttpResponse Router::Handle(const HttpRequest& r) {
     if (auto bad = only("GET")) return *bad;
     return Json(200, StatsJson());
   }
-  return OpenAiError(404, "no such path: " + r.path);
+  return OpenAiError(404, "no such path: " + CutForMessage(r.path));
 }
 
 std::string Router::StatsJson() const { return impl_->Stats(); }

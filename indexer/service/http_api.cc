@@ -421,8 +421,9 @@ bool ServeOperatorPage(const HttpRequest& request, const Indexer& index, HttpRes
   const bool page = request.path == "/" || request.path == "/index.html";
   if (!page && request.path != "/v1/media") return false;
   if (request.method != "GET") {
-    *out = HttpResponse{405, "application/json",
-                        RenderError(request.method + " " + request.path + ": use GET")};
+    *out = HttpResponse{
+        405, "application/json",
+        RenderError(CutForMessage(request.method, 16) + " " + request.path + ": use GET")};
   } else if (page) {
     *out = HttpResponse{200, "text/html; charset=utf-8", kOperatorPage};
   } else {

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "common/hex.h"
+#include "common/json.h"
 #include "indexer/service/http_api.h"
 #include "indexer/service/router_api.h"
 
@@ -47,7 +48,8 @@ bool ServeInstanceBlocks(const HttpRequest& request, const Indexer& index, HttpR
   if (instance.find('/') != std::string::npos) return false;
   if (request.method != "GET") {
     *out = HttpResponse{405, "application/json",
-                        RenderError(request.method + " " + request.path + ": use GET")};
+                        RenderError(CutForMessage(request.method, 16) + " " +
+                                    CutForMessage(request.path) + ": use GET")};
     return true;
   }
   const InstanceBlocks held = CollectInstanceBlocks(index, instance);
@@ -58,7 +60,7 @@ bool ServeInstanceBlocks(const HttpRequest& request, const Indexer& index, HttpR
   }
   if (sources.empty()) {
     *out = HttpResponse{404, "application/json",
-                        RenderError("no source of instance '" + instance +
+                        RenderError("no source of instance '" + CutForMessage(instance) +
                                     "' (neither a source of that name nor a registration)")};
     return true;
   }

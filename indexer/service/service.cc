@@ -799,7 +799,8 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
   }
   auto method_not_allowed = [&](const char* allowed) {
     return HttpResponse{405, "application/json",
-                        RenderError(r.method + " " + r.path + ": use " + allowed)};
+                        RenderError(CutForMessage(r.method, 16) + " " + CutForMessage(r.path) +
+                                    ": use " + allowed)};
   };
   if (r.path == "/v1/score" || r.path == "/v1/explain") {
     if (r.method != "POST") return method_not_allowed("POST");
@@ -866,7 +867,8 @@ HttpResponse IndexerService::Handle(const HttpRequest& r) {
     return HttpResponse{200, "application/json", body + "}"};
   }
   if (HttpResponse blocks; ServeInstanceBlocks(r, *impl_->index, &blocks)) return blocks;
-  return HttpResponse{404, "application/json", RenderError("no such path: " + r.path)};
+  return HttpResponse{404, "application/json",
+                      RenderError("no such path: " + CutForMessage(r.path))};
 }
 
 std::vector<SourceStatus> IndexerService::Sources() const { return impl_->Sources(); }

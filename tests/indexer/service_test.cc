@@ -320,6 +320,30 @@ TEST_F(ServiceTest, SilentAndUnbindableSourcesAreReportedAndRetried) {
   EXPECT_LE(reported, since_close + 0.1) << quiet[0];
 }
 
+// 404 and 405 answers name the path and method cut short, never the whole of them (a path may
+// be as long as the 16 KiB header limit; the answers used to echo it whole).
+TEST_F(ServiceTest, UnknownPathsAndMethodsAreNamedCutShort) {
+  auto svc = IndexerService::Start(Config());
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  const std::string long_path = "/" + std::string(10'000, 'z');
+  const std::string long_method(5'000, 'M');
+  struct Case {
+    std::string method, path;
+    int status;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"GET", long_path, 404},
+                         {long_method, "/v1/score", 405},
+                         {long_method, "/", 405},
+                         {"POST", "/v1/instances/" + long_path.substr(1) + "/blocks", 405},
+                         {"GET", "/v1/instances/" + long_path.substr(1) + "/blocks", 404}}) {
+    HttpResponse r = (*svc)->Handle({c.method, c.path, ""});
+    EXPECT_EQ(r.status, c.status) << c.method.substr(0, 8) << " " << c.path.substr(0, 40);
+    EXPECT_LT(r.body.size(), 300U) << r.body.substr(0, 300);
+    EXPECT_TRUE(Json::parse(r.body).contains("error")) << r.body.substr(0, 300);
+  }
+}
+
 TEST_F(ServiceTest, HttpRoutes) {
   IndexerConfig c = Config();
   SourceConfig s;
