@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -1108,6 +1109,16 @@ Result<Registration> ParseRegistration(std::string_view body, bool allow_remote,
   if (r.dp_rank + r.dp_ranks - 1 > kMaxRank) {
     return Bad("'dp_rank' + 'dp_ranks' - 1 must be at most " + std::to_string(kMaxRank));
   }
+  // Each rank's source name, "<instance_id>@<tenant_id>@<dp_rank>", must fit: refused here,
+  // naming the fields the client sent, before anything is stored.
+  const size_t name = r.instance_id.size() + r.tenant_id.size() + 2 +
+                      std::to_string(r.dp_rank + r.dp_ranks - 1).size();
+  if (name > kMaxSourceName) {
+    return Bad("'instance_id' and 'tenant_id' are too long together (" +
+               std::to_string(r.instance_id.size()) + " + " + std::to_string(r.tenant_id.size()) +
+               " characters): '<instance_id>@<tenant_id>@<dp_rank>' must be at most " +
+               std::to_string(kMaxSourceName) + " characters");
+  }
   return r;
 }
 
@@ -1143,6 +1154,22 @@ Result<std::vector<Registration>> ExpandRanks(const Registration& r) {
     }
     out.push_back(std::move(one));
   }
+  // No endpoint twice among the ranks (a rank's PUB port on another's replay port: vLLM could not
+  // bind them both, and the SUB would dial a ROUTER and hear nothing).
+  std::map<std::string, std::string> seen;  // endpoint -> which
+  for (const Registration& one : out) {
+    const std::string rank = "rank " + std::to_string(one.dp_rank) + "'s ";
+    for (const auto& [ep, which] :
+         {std::pair{std::optional<std::string>(one.endpoint), rank + "'endpoint'"},
+          std::pair{one.replay_endpoint, rank + "'replay_endpoint'"}}) {
+      if (!ep) continue;
+      auto [it, fresh] = seen.emplace(*ep, which);
+      if (!fresh) {
+        return Bad(which + " '" + CutForMessage(*ep) + "' is also " + it->second +
+                   " (the ranks' ports are the given ones + rank offset)");
+      }
+    }
+  }
   return out;
 }
 
@@ -1164,6 +1191,7 @@ std::string RenderRegistration(const Registration& r) {
 }
 
 std::string FirstDifference(const Registration& a, const Registration& b) {
+  // discovered_from is provenance, not part of the subscription: not compared.
   if (a.endpoint != b.endpoint) return "endpoint";
   if (a.replay_endpoint != b.replay_endpoint) return "replay_endpoint";
   if (a.type != b.type) return "type";
@@ -1172,7 +1200,6 @@ std::string FirstDifference(const Registration& a, const Registration& b) {
   if (a.block_size != b.block_size) return "block_size";
   if (a.additional_salt != b.additional_salt) return "additionalsalt";
   if (a.topic != b.topic) return "topic";
-  if (a.discovered_from != b.discovered_from) return "discovered_from";
   return "";
 }
 

@@ -76,8 +76,6 @@ struct Registration {
   std::string SourceName() const;
   // The API's name of it: "<instance_id>|<tenant_id>|<dp_rank>".
   std::string Key() const;
-  // Same subscription and scoping (every field).
-  bool operator==(const Registration&) const = default;
 };
 
 // Parses and validates a /register body. Endpoints must be tcp:// or ipc://; a tcp:// host off
@@ -91,7 +89,10 @@ Result<Registration> ParseStoredRegistration(std::string_view body, bool allow_r
 // endpoint ports + i (vLLM's offset_endpoint_port from the given rank's ports). InvalidArgument
 // when a port would pass 65535.
 Result<std::vector<Registration>> ExpandRanks(const Registration& r);
-// Names the first field in which two registrations of one key differ ("" when equal).
+// Names the first field of the subscription or its scoping in which two registrations of one key
+// differ ("" when they are the same subscription). `discovered_from` (who registered it) is not
+// compared: /register of a discovered instance with the same body is a no-op, and discovery
+// finding an instance a router registered leaves it alone.
 std::string FirstDifference(const Registration& a, const Registration& b);
 
 struct UnregisterRequest {

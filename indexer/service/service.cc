@@ -514,7 +514,7 @@ Status IndexerService::Impl::ApplyDiscovered(const DiscoverTarget& t, const std:
         if (src->config.name == name && src->reg) old = *src->reg;
       }
     }
-    if (old && *old == reg) continue;  // unchanged
+    if (old && FirstDifference(*old, reg).empty()) continue;  // unchanged, whoever registered it
     if (old) {
       KVO_LOG_WARN(
           "discovery {}: rank {} moved from {} to {} (engine restarted?): clearing the old "

@@ -183,11 +183,17 @@ Status IndexerService::Impl::CheckRegistration(const Registration& reg, bool* sa
                                  "' is already registered with another '" + diff +
                                  "'; POST /unregister it first");
   }
+  // An endpoint already followed, as a PUB or a replay endpoint, in either role.
   for (const auto& st : streams) {
-    if (st->stream.endpoint == reg.endpoint ||
-        (reg.replay_endpoint && st->stream.replay_endpoint == reg.replay_endpoint)) {
-      return Status::AlreadyExists("'endpoint' '" + CutForMessage(reg.endpoint) +
-                                   "' is already followed as source '" + st->stream.source + "'");
+    const std::optional<std::string>& theirs = st->stream.replay_endpoint;
+    const bool pub_taken = st->stream.endpoint == reg.endpoint || theirs == reg.endpoint;
+    const bool replay_taken = reg.replay_endpoint && (st->stream.endpoint == *reg.replay_endpoint ||
+                                                      theirs == reg.replay_endpoint);
+    if (pub_taken || replay_taken) {
+      const std::string& ep = pub_taken ? reg.endpoint : *reg.replay_endpoint;
+      return Status::AlreadyExists(std::string(pub_taken ? "'endpoint'" : "'replay_endpoint'") +
+                                   " '" + CutForMessage(ep) + "' is already followed by source '" +
+                                   st->stream.source + "'");
     }
   }
   return Status::Ok();

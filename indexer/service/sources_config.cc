@@ -59,7 +59,7 @@ Result<int64_t> ParseIntText(std::string_view key, std::string_view text, int64_
 }
 
 bool ValidName(std::string_view name) {
-  if (name.empty() || name.size() > 128) return false;
+  if (name.empty() || name.size() > kMaxSourceName) return false;
   for (char c : name) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '_' || c == '.' || c == ':' || c == '@' || c == '-';

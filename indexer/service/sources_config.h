@@ -32,8 +32,11 @@ struct HashParityConfig {
   int64_t block_size = 16;
 };
 
+// The longest source name (a registration's is "<instance_id>@<tenant_id>@<dp_rank>").
+inline constexpr size_t kMaxSourceName = 128;
+
 struct SourceConfig {
-  std::string name;  // [A-Za-z0-9_.:@-]{1,128}
+  std::string name;  // [A-Za-z0-9_.:@-]{1,kMaxSourceName}
   std::string endpoint;
   std::optional<std::string> replay_endpoint;
   std::string topic;

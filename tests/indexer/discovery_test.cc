@@ -25,6 +25,7 @@
 #include "indexer/service/service.h"
 #include "tests/indexer/service_test_util.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/log_capture.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -406,6 +407,62 @@ TEST_F(DiscoveryServiceTest, FollowsRanksRestartsOnNewPortsGarbageAndIndexerRest
   server.Kill();
   r0.pub->Shutdown();
   r1b.pub->Shutdown();
+}
+
+// A rank a router registered and discovery later lists, and a rank discovery registered that a
+// router registers again with the same body: the same subscription either way. Discovery used to
+// compare who registered it too: it "moved" the router's rank (cleared its entries and registered
+// it again), and the router's repeated /register got 409 naming 'discovered_from'.
+TEST_F(DiscoveryServiceTest, ARankRegisteredByARouterAndByDiscoveryIsOneSubscription) {
+  Publisher r0 = MakePublisher();
+  Publisher r1 = MakePublisher();
+  ASSERT_TRUE(r0.pub && r1.pub);
+  ASSERT_TRUE(r0.pub->Publish(Store(100, 4, 0)).ok());
+  ASSERT_TRUE(r1.pub->Publish(Store(100, 2, 1)).ok());
+  r0.pub->Flush();
+  r1.pub->Flush();
+  ApiServer server(dir_.path(), FreePort());
+  server.Answer(R"({"sources": [)" + SourceEntry(1, "*", r1) + "]}");  // rank 1 only, at first
+  server.Start();
+  testing::LogCapture log;
+  auto svc = Start(server.url());
+  ASSERT_NE(svc, nullptr);
+  const Json rank1 = {{"1", 2 * kBs}};
+  ASSERT_TRUE(Eventually([&] { return Dp(*svc, 100, 6) == rank1; })) << Dp(*svc, 100, 6);
+  // The router registers rank 0 itself, and rank 1 again with the body discovery's entry implies.
+  Json workers = Get(*svc, "/workers")["workers"];
+  ASSERT_EQ(workers.size(), 1u);
+  Json body = {{"endpoint", "tcp://127.0.0.1:" + std::to_string(r0.port)},
+               {"replay_endpoint", "tcp://127.0.0.1:" + std::to_string(r0.replay)},
+               {"type", workers[0]["type"]},
+               {"modelname", workers[0]["model_name"]},
+               {"instance_id", "engine-a"},
+               {"block_size", workers[0]["block_size"]},
+               {"dp_rank", 0}};
+  EXPECT_EQ(Get(*svc, "/register", body.dump())["status"], "registered successfully");
+  Json again = body;
+  again["endpoint"] = workers[0]["endpoint"];
+  again["replay_endpoint"] = workers[0]["replay_endpoint"];
+  again["dp_rank"] = 1;
+  EXPECT_EQ(Get(*svc, "/register", again.dump())["status"], "registered successfully");
+  const Json both = {{"0", 4 * kBs}, {"1", 2 * kBs}};
+  ASSERT_TRUE(Eventually([&] { return Dp(*svc, 100, 6) == both; })) << Dp(*svc, 100, 6);
+  // Now discovery lists rank 0 too: it is left as the router registered it.
+  server.Answer(R"({"sources": [)" + SourceEntry(0, "*", r0) + "," + SourceEntry(1, "*", r1) +
+                "]}");
+  const int64_t polls = Get(*svc, "/v1/discovery")["targets"][0]["polls"].get<int64_t>();
+  ASSERT_TRUE(Eventually([&] {
+    Json d = Get(*svc, "/v1/discovery")["targets"][0];
+    return d["polls"].get<int64_t>() >= polls + 3 && d["sources"] == 2;
+  })) << Get(*svc, "/v1/discovery");
+  EXPECT_EQ(Dp(*svc, 100, 6), both);
+  svc->Stop();
+  svc.reset();
+  EXPECT_TRUE(log.Matching({"moved from"}).empty()) << log.Matching({"moved from"})[0];
+  for (const std::string& cleared : log.Matching({"clear"})) ADD_FAILURE() << cleared;
+  server.Kill();
+  r0.pub->Shutdown();
+  r1.pub->Shutdown();
 }
 
 }  // namespace

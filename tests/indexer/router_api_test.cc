@@ -161,6 +161,51 @@ Json Expected(int64_t longest, int64_t gpu, int64_t cpu, int64_t disk, Json dp) 
   return e;
 }
 
+// An endpoint is one stream's, in one role: a PUB endpoint that is another stream's replay
+// endpoint (or the reverse) is 409, and a dp_ranks request whose rank offsets put a PUB port on
+// another rank's replay port is 400 (the SUB would dial a ROUTER and hear nothing). Ids that
+// pass one by one but make a source name over the limit are refused naming them, before
+// anything is stored.
+TEST_F(RouterApiTest, EndpointsAreNotSharedAcrossRolesAndLongIdsAreRefusedFirst) {
+  auto svc = Start();
+  ASSERT_NE(svc, nullptr);
+  auto body = [](const std::string& instance, int pub, int replay, int ranks = 1) {
+    Json b = {{"endpoint", "tcp://127.0.0.1:" + std::to_string(pub)},
+              {"replay_endpoint", "tcp://127.0.0.1:" + std::to_string(replay)},
+              {"type", "vLLM"},
+              {"modelname", "m"},
+              {"instance_id", instance},
+              {"block_size", 16},
+              {"dp_rank", 0},
+              {"dp_ranks", ranks}};
+    return b.dump();
+  };
+  ASSERT_EQ(Call(*svc, "POST", "/register", body("a", 25557, 25558)).status, 200);
+  std::string err = Error(Call(*svc, "POST", "/register", body("b", 25558, 25600)), 409);
+  EXPECT_NE(err.find("'endpoint' 'tcp://127.0.0.1:25558'"), std::string::npos) << err;
+  EXPECT_NE(err.find("'a@default@0'"), std::string::npos) << err;
+  err = Error(Call(*svc, "POST", "/register", body("c", 25601, 25557)), 409);
+  EXPECT_NE(err.find("'replay_endpoint' 'tcp://127.0.0.1:25557'"), std::string::npos) << err;
+  err = Error(Call(*svc, "POST", "/register", body("d", 26557, 26558, 2)), 400);
+  EXPECT_NE(err.find("rank 1's 'endpoint' 'tcp://127.0.0.1:26558' is also rank 0's "
+                     "'replay_endpoint'"),
+            std::string::npos)
+      << err;
+  Json long_ids = Json::parse(body(std::string(100, 'i'), 27557, 27600));
+  long_ids["tenant_id"] = std::string(40, 't');
+  err = Error(Call(*svc, "POST", "/register", long_ids.dump()), 400);
+  EXPECT_NE(err.find("'instance_id' and 'tenant_id' are too long together (100 + 40"),
+            std::string::npos)
+      << err;
+  EXPECT_LT(err.size(), 300u) << err;
+  Json workers = Ok(Call(*svc, "GET", "/workers"))["workers"];
+  ASSERT_EQ(workers.size(), 1u) << workers.dump();  // only "a": nothing refused was kept
+  EXPECT_EQ(workers[0]["instance_id"], "a");
+  // The longest ids that fit still register: 100 + 25 + "@@0" = 128 characters.
+  long_ids["tenant_id"] = std::string(25, 't');
+  EXPECT_EQ(Call(*svc, "POST", "/register", long_ids.dump()).status, 200);
+}
+
 TEST_F(RouterApiTest, ReferenceBodiesTieredMatchRestartAndUnregister) {
   Publisher r0 = MakePublisher(dir_.path() + "/j0");
   Publisher r1 = MakePublisher(dir_.path() + "/j1");
