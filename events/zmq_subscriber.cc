@@ -223,8 +223,12 @@ class ZmqSubscriber final : public Subscriber {
     notices_.push_back(SubscriberNotice{kind, from, to, std::move(detail)});
   }
 
+  // Reports [from, to) lost. A range of max_seq_jump or more (only possible where a stream not yet
+  // anchored begins: a replay from 0 or from a checkpoint, a live seq without a replay endpoint)
+  // is reported but not added to batches_lost: the seq may be garbage, and a count of 10^19
+  // says nothing.
   void Lost(uint64_t from, uint64_t to, std::string why) {
-    {
+    if (to - from < options_.max_seq_jump) {
       MutexLock lock(&mu_);
       stats_.batches_lost += to - from;
     }
@@ -254,6 +258,7 @@ class ZmqSubscriber final : public Subscriber {
     }
     Notice(NoticeKind::kPublisherRestart, from, to, std::move(why));
     digests_.clear();
+    anchored_ = false;
   }
 
   // --- the digest window: seq -> digest of the batch delivered for it -------------------------
@@ -281,6 +286,7 @@ class ZmqSubscriber final : public Subscriber {
   // and reported; its seq still counts as seen.
   void Deliver(uint64_t seq, std::string_view topic, std::string_view payload, bool replayed) {
     next_expected_ = seq + 1;
+    anchored_ = true;
     if (options_.digest_window > 0) Remember(seq, zmq_util::PayloadDigest(payload));
     {
       MutexLock lock(&mu_);
@@ -355,7 +361,10 @@ class ZmqSubscriber final : public Subscriber {
       next_expected_ = 0;
       restarted = true;
     }
-    if (next_expected_ && seq - *next_expected_ >= options_.max_seq_jump && seq > *next_expected_) {
+    // An absurd jump is measured from a stream this subscriber has followed (anchored_): before
+    // its first batch, or right after a restart, the stream may begin anywhere.
+    if (anchored_ && next_expected_ && seq - *next_expected_ >= options_.max_seq_jump &&
+        seq > *next_expected_) {
       {
         MutexLock lock(&mu_);
         ++stats_.absurd_sequences;
@@ -516,6 +525,9 @@ class ZmqSubscriber final : public Subscriber {
                 "replay serves a different batch for seq " + std::to_string(seq) +
                     " than the one delivered");
         next_expected_ = 0;
+        // The live message this replay ran for was received before the restart replay is asked
+        // for: from the old stream, or from the new one and then covered by that replay.
+        held_live_.reset();
         return StartReplay(0, ReplayPurpose::kRestart);
       }
       if (!(first && seq == replay_->asked)) {  // the asked-for overlap is expected
@@ -525,7 +537,10 @@ class ZmqSubscriber final : public Subscriber {
       return IdleFrame();
     }
     uint64_t expected = next_expected_ ? *next_expected_ : replay_->asked;
-    if (seq - expected >= options_.max_seq_jump && seq > expected) {
+    // Not for a stream not yet anchored: a replay from 0 or from a checkpoint begins where the
+    // publisher's buffer begins, which after 10^6 batches is that far ahead (vLLM keeps the last
+    // 10 000); what lies before is reported lost below.
+    if (anchored_ && seq - expected >= options_.max_seq_jump && seq > expected) {
       {
         MutexLock lock(&mu_);
         ++stats_.absurd_sequences;
@@ -604,6 +619,9 @@ class ZmqSubscriber final : public Subscriber {
   std::deque<ReceivedBatch> ready_;
   std::vector<SubscriberNotice> notices_;
   std::optional<uint64_t> next_expected_;  // the seq that continues the stream
+  // A batch was delivered since the start or the last restart: next_expected_ comes from the
+  // stream itself, not from start_seq or a restart's 0.
+  bool anchored_ = false;
   // Ranges reported lost since the last restart, newest last (bounded).
   struct LostRange {
     uint64_t from = 0, to = 0;

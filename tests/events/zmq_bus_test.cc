@@ -755,6 +755,128 @@ TEST_F(BusTest, ReplayServingAnAbsurdSequenceIsAbandoned) {
   EXPECT_EQ(st.last_seq, 0u);
 }
 
+// The seqs of `got`, and `count` consecutive seqs from `first`.
+std::vector<uint64_t> Seqs(const std::vector<ReceivedBatch>& got) {
+  std::vector<uint64_t> out;
+  for (const ReceivedBatch& b : got) out.push_back(b.seq);
+  return out;
+}
+std::vector<uint64_t> SeqRun(uint64_t first, size_t count) {
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < count; ++i) out.push_back(first + i);
+  return out;
+}
+
+// A replay from 0 (a fresh indexer: "everything the publisher still has") to a publisher that has
+// sent 2,000,000 batches begins at its buffer's first seq: what it holds is delivered and what
+// lies before is reported lost (not counted in batches_lost: 2,000,000 or 10^19, the seq may be
+// garbage). The absurd-jump rule used to abandon that replay, and the live
+// message after it "restarted" the stream there: the buffered batches were never delivered and
+// never reported.
+TEST_F(BusTest, AReplayFromZeroToALongRunningPublisherDeliversItsBuffer) {
+  constexpr uint64_t kFirst = 2'000'000;
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           for (uint64_t seq = std::max(start, kFirst); seq < kFirst + 5; ++seq) {
+                             send(Be64(seq), EncodeBatch(Batch(seq)));
+                           }
+                           send(Be64(~uint64_t{0}), "");
+                         });
+  RawPub pub(ctx_, Ep("pub"));
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
+  o.idle_probe_ms = 0;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  EXPECT_EQ(Seqs(ReadN(**sub, 5)), SeqRun(kFirst, 5));
+  auto live = pub.Handshake(**sub, kFirst + 5);
+  ASSERT_TRUE(live.has_value());
+  EXPECT_EQ(live->seq, kFirst + 5);
+  std::vector<SubscriberNotice> notices = (*sub)->TakeNotices();
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].kind, NoticeKind::kGapUnrecoverable);
+  EXPECT_EQ(notices[0].from_seq, 0u);
+  EXPECT_EQ(notices[0].to_seq, kFirst);
+  SubscriberStats st = (*sub)->stats();
+  EXPECT_EQ(st.restarts, 0u);
+  EXPECT_EQ(st.absurd_sequences, 0u);
+  EXPECT_EQ(st.replay_failures, 0u);
+  EXPECT_EQ(st.batches_lost, 0u);  // a range this long is reported, not counted (item 10)
+}
+
+// A publisher at seq 5,000,009 whose journal lost its tail serves seq 5,000,003 again with other
+// content: one restart, then the new stream replayed from 0. It used to be reported twice (the
+// sequence "jumped" 5,000,003 from the restart's 0) and the new stream was not replayed.
+TEST_F(BusTest, ARestartAtAHighSequenceIsReportedOnceAndTheNewStreamReplayed) {
+  constexpr uint64_t kBase = 5'000'000;
+  // The new stream: kBase .. kBase + 3, other batches (100 + i) than the old stream's.
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           for (uint64_t seq = std::max(start, kBase); seq < kBase + 4; ++seq) {
+                             send(Be64(seq), EncodeBatch(Batch(100 + seq - kBase)));
+                           }
+                           send(Be64(~uint64_t{0}), "");
+                         });
+  RawPub pub(ctx_, Ep("pub"));
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
+  o.idle_probe_ms = 0;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  ASSERT_TRUE(pub.Handshake(**sub, kBase).has_value());
+  for (uint64_t seq = kBase + 1; seq < kBase + 10; ++seq) pub.Send(seq, EncodeBatch(Batch(seq)));
+  EXPECT_EQ(Seqs(ReadN(**sub, 9)), SeqRun(kBase + 1, 9));
+  (void)(*sub)->TakeNotices();
+  pub.Send(kBase + 3, EncodeBatch(Batch(103)));  // the restarted publisher, live
+  std::vector<ReceivedBatch> fresh = ReadN(**sub, 4);
+  EXPECT_EQ(Seqs(fresh), SeqRun(kBase, 4));
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    EXPECT_EQ(fresh[i].batch.events.size(), 1u);
+    EXPECT_EQ(std::get<BlockStored>(fresh[i].batch.events[0]).token_ids,
+              std::vector<int64_t>{static_cast<int64_t>(100 + i)});
+  }
+  size_t restarts = 0;
+  for (const SubscriberNotice& n : (*sub)->TakeNotices()) {
+    restarts += n.kind == NoticeKind::kPublisherRestart ? 1 : 0;
+  }
+  EXPECT_EQ(restarts, 1u);
+  SubscriberStats st = (*sub)->stats();
+  EXPECT_EQ(st.restarts, 1u);
+  EXPECT_EQ(st.absurd_sequences, 0u);
+}
+
+// A live message that started a gap replay, when that replay shows the publisher restarted: it
+// was received before the restart replay, so it is the old stream's (or the new stream's and in
+// that replay). It used to be delivered after the new stream's batches, reporting the seqs
+// between as lost.
+TEST_F(BusTest, TheLiveMessageAGapReplayRanForIsDroppedWhenTheReplayFindsARestart) {
+  // The restarted publisher holds B0 .. B7 (batches 100 + seq); asked from anywhere but 0 it
+  // answers from its seq 5, which differs from the A5 delivered.
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           for (uint64_t seq = start == 0 ? 0 : 5; seq < 8; ++seq) {
+                             send(Be64(seq), EncodeBatch(Batch(100 + seq)));
+                           }
+                           send(Be64(~uint64_t{0}), "");
+                         });
+  RawPub pub(ctx_, Ep("pub"));
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
+  o.idle_probe_ms = 0;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  ASSERT_TRUE(pub.Handshake(**sub, 0).has_value());
+  for (uint64_t seq = 1; seq < 6; ++seq) pub.Send(seq, EncodeBatch(Batch(seq)));
+  EXPECT_EQ(Seqs(ReadN(**sub, 5)), SeqRun(1, 5));
+  pub.Send(10, EncodeBatch(Batch(10)));  // A10: a gap, sent before the old publisher went
+  std::vector<ReceivedBatch> fresh = ReadN(**sub, 8);
+  EXPECT_EQ(Seqs(fresh), SeqRun(0, 8));
+  auto more = (*sub)->Next(300ms);
+  ASSERT_TRUE(more.ok());
+  EXPECT_FALSE(more->has_value()) << "delivered seq " << (*more)->seq << " after the new stream";
+  for (const SubscriberNotice& n : (*sub)->TakeNotices()) {
+    EXPECT_NE(n.kind, NoticeKind::kGapUnrecoverable) << n.from_seq << ".." << n.to_seq;
+  }
+  EXPECT_EQ((*sub)->stats().restarts, 1u);
+}
+
 // Item 12: a replay that times out is a failed replay, not "gap_unrecoverable [x, x)".
 TEST_F(BusTest, ReplayTimeOutIsReportedAsAFailedReplayNotALoss) {
   RawReplayServer server(ctx_, Ep("replay"), [](uint64_t, const RawReplayServer::Send&) {});
