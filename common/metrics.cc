@@ -259,6 +259,12 @@ Result<T*> MetricFamily<T>::WithLabels(const std::vector<std::string>& values) {
   return raw;
 }
 
+template <class T>
+void MetricFamily<T>::Remove(const std::vector<std::string>& values) {
+  MutexLock lock(&mu_);
+  children_.erase(values);
+}
+
 template class MetricFamily<Counter>;
 template class MetricFamily<Gauge>;
 template class MetricFamily<Histogram>;

@@ -91,8 +91,14 @@ class MetricFamily {
   const std::vector<std::string>& label_names() const { return label_names_; }
 
   // The child for these label values, created on first use; the pointer stays valid for the
-  // registry's life. InvalidArgument when the number of values differs from the label names.
+  // registry's life, or until Remove of these values. InvalidArgument when the number of values
+  // differs from the label names.
   Result<T*> WithLabels(const std::vector<std::string>& values);
+
+  // Drops the child for these values (it is no longer rendered; a later WithLabels starts a fresh
+  // one at zero). For series whose subject is gone (an unregistered stream): without it they stay,
+  // frozen, for the registry's life. The caller must hold no pointer to that child any more.
+  void Remove(const std::vector<std::string>& values);
 
  private:
   friend class MetricsRegistry;

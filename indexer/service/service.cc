@@ -159,6 +159,23 @@ Status IndexerService::Impl::RegisterStream(StreamState* s) {
   return Status::Ok();
 }
 
+void IndexerService::Impl::ForgetMetrics(const SourceState& src,
+                                         const std::vector<const StreamState*>& gone) {
+  {
+    MutexLock lock(&registry_mu);
+    for (const StreamState* s : gone) {
+      const std::vector<std::string> v = {s->stream.source, std::to_string(s->stream.dp_rank)};
+      for (CounterFamily* f : stream_counters) f->Remove(v);
+      for (GaugeFamily* f : stream_gauges) f->Remove(v);
+    }
+  }
+  if (src.doctor && doctor_checked != nullptr) {
+    doctor_checked->Remove({src.config.name});
+    doctor_mismatched->Remove({src.config.name});
+    doctor_parity->Remove({src.config.name});
+  }
+}
+
 void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why) {
   auto last = index->LastSequence(s->stream.source, s->stream.dp_rank);
   if (!last.ok() && last.status().code() == StatusCode::kNotFound) {

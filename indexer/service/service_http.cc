@@ -277,6 +277,13 @@ Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
     if (st->thread.joinable()) st->thread.join();
   }
   for (const auto& src : gone_sources) {
+    std::vector<const StreamState*> its;
+    for (const auto& st : gone_streams) {
+      if (st->source == src.get()) its.push_back(st.get());
+    }
+    ForgetMetrics(*src, its);
+  }
+  for (const auto& src : gone_sources) {
     Status st = index->ClearSource(src->config.name);
     if (!st.ok()) {
       KVO_LOG_ERROR("indexer: unregistered '{}' but clearing its entries failed: {}",
@@ -363,6 +370,7 @@ Result<std::shared_ptr<const RouterAnswerPlan>> IndexerService::Impl::QueryPlan(
   if (plans_generation != registry_generation || query_plans.size() >= kMaxQueryPlans) {
     query_plans.clear();
     plans_generation = registry_generation;
+    plans_held->Set(0);  // also when this query then fails (an unknown tenant)
   }
   if (auto it = query_plans.find(key); it != query_plans.end()) return it->second;
   // The streams in scope: registrations of the tenant (config sources are tenant "default",

@@ -231,6 +231,11 @@ struct IndexerService::Impl {
 
   Status RegisterMetrics();
   Status RegisterStream(service_internal::StreamState* s) EXCLUSIVE_LOCKS_REQUIRED(registry_mu);
+  // Drops an unregistered stream's series (and its source's doctor series) from /metrics. Only
+  // after its thread ended, under reg_op_mu: no registration can take the same labels meanwhile.
+  void ForgetMetrics(const service_internal::SourceState& src,
+                     const std::vector<const service_internal::StreamState*>& streams)
+      EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
   // Adds a source and its streams (threads started when start_threads).
   Status AddSource(const SourceConfig& sc, std::optional<Registration> reg,
                    std::vector<SourceStream> stream_list, bool start_threads)

@@ -210,5 +210,26 @@ TEST(MetricsTest, ConcurrentUpdatesAndRendersAreConsistent) {
   EXPECT_NE(registry.RenderPrometheus().find("shared_total 160000.0\n"), std::string::npos);
 }
 
+// Remove drops one child from the rendering; the others stay, and the same labels later start a
+// fresh child at zero (an unregistered stream registered again).
+TEST(MetricsTest, RemoveDropsOneChildAndTheSameLabelsStartAgainAtZero) {
+  MetricsRegistry reg;
+  auto family = reg.AddCounterFamily("kvo_test_batches", "Batches", {"source"});
+  ASSERT_TRUE(family.ok());
+  Counter* a = *(*family)->WithLabels({"a"});
+  Counter* b = *(*family)->WithLabels({"b"});
+  a->Increment(5);
+  b->Increment(7);
+  (*family)->Remove({"a"});
+  (*family)->Remove({"never-added"});  // nothing to drop: no effect
+  std::string text = reg.RenderPrometheus();
+  EXPECT_EQ(text.find("source=\"a\""), std::string::npos) << text;
+  EXPECT_NE(text.find("kvo_test_batches_total{source=\"b\"} 7.0"), std::string::npos) << text;
+  Counter* again = *(*family)->WithLabels({"a"});
+  EXPECT_EQ(again->Value(), 0.0);
+  EXPECT_NE(reg.RenderPrometheus().find("kvo_test_batches_total{source=\"a\"} 0.0"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvo

@@ -290,8 +290,12 @@ TEST_F(RouterApiTest, ReferenceBodiesTieredMatchRestartAndUnregister) {
     EXPECT_EQ(s.streams[0].batches_applied, s.name.ends_with("@0") ? 1u : 0u) << s.name;
   }
 
-  // Unregister rank 1 (the reference's body names rank 0: use it for rank 0 afterwards).
+  // Unregister rank 1 (the reference's body names rank 0: use it for rank 0 afterwards). Its
+  // series leave /metrics with it (they stayed, frozen, for the process's life).
+  const std::string rank1 = R"({source="vllm-prefill-node1@default@1",dp_rank="1"})";
+  EXPECT_GE(Metric(*svc, "kvo_indexer_connected" + rank1), 0.0);  // present
   EXPECT_EQ(
+
       Ok(Call(
           *svc, "POST", "/unregister",
           R"({"type": "vLLM", "modelname": "deepseek", "lora_name": "sql-adapter", "tenant_id": "default",
@@ -301,6 +305,9 @@ TEST_F(RouterApiTest, ReferenceBodiesTieredMatchRestartAndUnregister) {
   EXPECT_EQ(Ok(Call(*svc, "POST", "/query", QueryBody(6))),
             Expected(5 * kBs, 2 * kBs, 3 * kBs, 5 * kBs, {{"0", 5 * kBs}}));
   EXPECT_FALSE(svc->index().LastSequence("vllm-prefill-node1@default@1", 1).ok());
+  const std::string metrics = Call(*svc, "GET", "/metrics").body;
+  EXPECT_EQ(metrics.find("vllm-prefill-node1@default@1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("vllm-prefill-node1@default@0"), std::string::npos);
   EXPECT_EQ(
       Ok(Call(
           *svc, "POST", "/unregister",
@@ -349,8 +356,11 @@ TEST_F(RouterApiTest, QueryPlansFollowRegistrations) {
   EXPECT_EQ(instances(), std::vector<std::string>({"node-a", "node-b"}));
   ASSERT_EQ(Call(*svc, "POST", "/unregister", R"({"instance_id": "node-a"})").status, 200);
   EXPECT_EQ(instances(), std::vector<std::string>({"node-b"}));
+  EXPECT_EQ(Metric(*svc, "kvo_indexer_query_plans"), 1.0);
   ASSERT_EQ(Call(*svc, "POST", "/unregister", R"({"instance_id": "node-b"})").status, 200);
   EXPECT_NE(Error(Call(*svc, "POST", "/query", query)).find("'tenant_id'"), std::string::npos);
+  // The refused query found the plans stale and dropped them: the gauge says so.
+  EXPECT_EQ(Metric(*svc, "kvo_indexer_query_plans"), 0.0);
   ASSERT_EQ(register_as(r0, "node-c"), 200);
   EXPECT_EQ(instances(), std::vector<std::string>({"node-c"}));
   svc->Stop();
