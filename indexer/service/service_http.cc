@@ -232,28 +232,33 @@ Result<std::vector<std::string>> IndexerService::Impl::RemoveRegistered(
   std::vector<std::unique_ptr<SourceState>> gone_sources;
   std::vector<std::unique_ptr<StreamState>> gone_streams;
   std::vector<std::string> removed;
+  // The picked registrations, deleted from the file first, outside registry_mu (a commit may hold
+  // the database for a while, and every query and status route waits on registry_mu). reg_op_mu
+  // keeps any other registration change out meanwhile, so the list read here still holds.
+  std::vector<Registration> picked;
   {
     MutexLock lock(&registry_mu);
-    ++registry_generation;  // even when nothing is removed or all is put back: plans rebuild
-    Status failed;
+    for (const auto& src : sources) {
+      if (src->reg && pick(*src->reg)) picked.push_back(*src->reg);
+    }
+  }
+  for (size_t i = 0; i < picked.size(); ++i) {
+    Status st = index->DeleteRegistration(picked[i].SourceName());
+    if (!st.ok()) {
+      // Put back what was deleted so far: nothing is half-removed.
+      for (size_t j = 0; j < i; ++j) {
+        (void)index->PutRegistration(picked[j].SourceName(), RenderRegistration(picked[j]));
+      }
+      return Status::Internal("registration not deleted: " + st.ToString());
+    }
+  }
+  {
+    MutexLock lock(&registry_mu);
+    ++registry_generation;  // even when nothing is removed: plans rebuild
     for (auto& src : sources) {
       if (!src->reg || !pick(*src->reg)) continue;
-      Status st = index->DeleteRegistration(src->config.name);
-      if (!st.ok()) {
-        failed = st;
-        break;
-      }
       removed.push_back(src->reg->Key());
       gone_sources.push_back(std::move(src));
-    }
-    if (!failed.ok()) {
-      // Put back what was taken out so far: nothing is half-removed.
-      std::erase_if(sources, [](const auto& p) { return p == nullptr; });
-      for (auto& g : gone_sources) {
-        (void)index->PutRegistration(g->config.name, RenderRegistration(*g->reg));
-        sources.push_back(std::move(g));
-      }
-      return Status::Internal("registration not deleted: " + failed.ToString());
     }
     std::erase_if(sources, [](const auto& p) { return p == nullptr; });
     for (auto& st : streams) {
