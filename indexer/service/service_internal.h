@@ -234,7 +234,7 @@ struct IndexerService::Impl {
   // Drops an unregistered stream's series (and its source's doctor series) from /metrics. Only
   // after its thread ended, under reg_op_mu: no registration can take the same labels meanwhile.
   void ForgetMetrics(const service_internal::SourceState& src,
-                     const std::vector<const service_internal::StreamState*>& streams)
+                     const std::vector<const service_internal::StreamState*>& gone)
       EXCLUSIVE_LOCKS_REQUIRED(reg_op_mu);
   // Adds a source and its streams (threads started when start_threads).
   Status AddSource(const SourceConfig& sc, std::optional<Registration> reg,
