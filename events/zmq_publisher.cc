@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/repeat_filter.h"
 #include "events/zmq_util.h"
 
 #include <zmq_addon.hpp>
@@ -58,7 +59,12 @@ class ZmqPublisher final : public EventPublisher {
         encode_options_{config_.encoding == "array" ? EventEncoding::kArray : EventEncoding::kMap} {
   }
 
-  ~ZmqPublisher() override { Shutdown(); }
+  ~ZmqPublisher() override {
+    Shutdown();
+    // Closed here, not in Shutdown: a Publish that enqueued before Shutdown and wakes the consumer
+    // after it must write to this eventfd, not to a closed descriptor or one reused meanwhile.
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
 
   Status Start() {
     try {
@@ -132,6 +138,8 @@ class ZmqPublisher final : public EventPublisher {
   }
 
   void Shutdown() override {
+    // Two Shutdowns at once (an engine's teardown and the destructor) would both join the thread.
+    MutexLock serial(&shutdown_mu_);
     {
       MutexLock lock(&mu_);
       if (closed_ && !thread_.joinable()) return;
@@ -140,10 +148,6 @@ class ZmqPublisher final : public EventPublisher {
     space_cv_.SignalAll();
     Wake();
     if (thread_.joinable()) thread_.join();
-    if (wake_fd_ >= 0) {
-      ::close(wake_fd_);
-      wake_fd_ = -1;
-    }
     try {
       pub_.close();
       router_.close();
@@ -167,6 +171,12 @@ class ZmqPublisher final : public EventPublisher {
 
  private:
   static constexpr int kReplayMessagesPerTurn = 256;
+  // Replies in progress at once, per client and in all. Each holds a batch copy and, reading the
+  // journal, an open file: a client that sends requests and never reads must not grow them
+  // without bound, nor take every slot from the others. A real subscriber asks one at a time; a
+  // refused one times out and asks again.
+  static constexpr size_t kMaxReplaySessionsPerClient = 8;
+  static constexpr size_t kMaxReplaySessions = 256;
   static constexpr auto kShutdownDrain = std::chrono::seconds(1);
 
   void Wake() {
@@ -339,11 +349,27 @@ class ZmqPublisher final : public EventPublisher {
     ++stats_.replay_requests;
     if (frames.size() != 3 || !frames[1].empty()) {
       ++stats_.invalid_replay_requests;
-      KVO_LOG_WARN("Invalid replay request: {} frames", frames.size());
+      const std::string why = std::to_string(frames.size()) + " frames";
+      if (RepeatFilter::Decision d = invalid_log_.Note(why); d.log) {
+        KVO_LOG_WARN("Invalid replay request: {}{}", why, d.Describe());
+      }
       return;  // as vLLM: no reply at all
     }
     ReplaySession session;
     session.identity = frames[0].to_string();
+    const size_t mine = static_cast<size_t>(
+        std::count_if(sessions_.begin(), sessions_.end(),
+                      [&](const ReplaySession& s) { return s.identity == session.identity; }));
+    if (mine >= kMaxReplaySessionsPerClient || sessions_.size() >= kMaxReplaySessions) {
+      ++stats_.replay_requests_refused;
+      const std::string why = mine >= kMaxReplaySessionsPerClient
+                                  ? "its client has " + std::to_string(mine) + " in progress"
+                                  : std::to_string(sessions_.size()) + " in progress in all";
+      if (RepeatFilter::Decision d = refused_log_.Note(why); d.log) {
+        KVO_LOG_WARN("kv-events replay request refused: {}{}", why, d.Describe());
+      }
+      return;  // no reply, as for an invalid request
+    }
     session.next_seq = zmq_util::FromBigEndian(frames[2].to_string_view());
     if (next_seq_ > 0) session.end_seq = next_seq_ - 1;
     sessions_.push_back(std::move(session));
@@ -383,6 +409,10 @@ class ZmqPublisher final : public EventPublisher {
       MutexLock lock(&mu_);
       bool in_ring = !ring_.empty() && s.next_seq >= ring_.front().seq;
       if (in_ring || journal_ == nullptr) {
+        // Caught up into the ring: the journal reader's position is stale from here on (if the
+        // ring rolls past this session later, it reads the journal again from next_seq; the old
+        // reader resent what lay between).
+        s.reader.reset();
         auto it = std::lower_bound(ring_.begin(), ring_.end(), s.next_seq,
                                    [](const RingEntry& e, uint64_t v) { return e.seq < v; });
         if (it == ring_.end() || it->seq > *s.end_seq) return false;
@@ -470,10 +500,14 @@ class ZmqPublisher final : public EventPublisher {
   zmq::socket_t router_;
   int wake_fd_ = -1;
   std::vector<ReplaySession> sessions_;
+  // A client sending bad or too many requests in a loop logs O(log n) lines.
+  RepeatFilter invalid_log_;
+  RepeatFilter refused_log_;
   std::vector<std::string> payloads_;  // encoded batches of the run being published
   bool replay_blocked_ = false;
   std::thread thread_;
 
+  Mutex shutdown_mu_;  // held for the whole of Shutdown
   mutable Mutex mu_;
   CondVar space_cv_{&mu_};
   CondVar done_cv_{&mu_};

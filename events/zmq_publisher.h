@@ -31,6 +31,8 @@ struct PublisherStats {
   uint64_t replay_batches_sent = 0;
   uint64_t replay_from_journal = 0;
   uint64_t invalid_replay_requests = 0;
+  // Refused because kMaxReplaySessions replies were in progress (no reply, as an invalid one).
+  uint64_t replay_requests_refused = 0;
   std::optional<uint64_t> next_seq;  // the seq the next batch will get (zmq publishers)
 };
 

@@ -172,6 +172,8 @@ class ZmqSubscriber final : public Subscriber {
   struct ReplayState {
     uint64_t asked = 0;              // the start_seq sent
     uint64_t expected_at_start = 0;  // next_expected_ when it was asked (gap: what to fill)
+    uint64_t filled_from = 0;        // where the run the reply is supplying now began
+    bool filled_any = false;         // a gap_filled notice was given for this reply
     ReplayPurpose purpose = ReplayPurpose::kInitial;
     int64_t started_ns = 0;
     int64_t last_frame_ns = 0;
@@ -424,6 +426,7 @@ class ZmqSubscriber final : public Subscriber {
     ReplayState r;
     r.asked = ask;
     r.expected_at_start = from;
+    r.filled_from = from;
     r.purpose = purpose;
     r.started_ns = r.last_frame_ns = clock_->MonotonicNanos();
     replay_ = r;
@@ -549,6 +552,10 @@ class ZmqSubscriber final : public Subscriber {
                            std::to_string(seq));
     }
     if (seq > expected) {
+      // The run supplied so far is filled; the hole is not (gap_filled and gap_unrecoverable
+      // never overlap: a consumer may sum them).
+      ReportFilled(expected);
+      replay_->filled_from = seq;
       // vLLM sends no signal when the publisher no longer holds what was asked for.
       Lost(expected, seq,
            first ? "replay could not reach back far enough"
@@ -590,15 +597,20 @@ class ZmqSubscriber final : public Subscriber {
       next_expected_ = 0;
       return StartReplay(0, ReplayPurpose::kRestart);
     }
-    if (r.purpose == ReplayPurpose::kGap && next_expected_ &&
-        *next_expected_ > r.expected_at_start) {
-      {
-        MutexLock lock(&mu_);
-        ++stats_.gaps_filled;
-      }
-      Notice(NoticeKind::kGapFilled, r.expected_at_start, *next_expected_, "replayed");
-    }
+    if (next_expected_) ReportFilled(*next_expected_, &r);
     return AfterReplay();
+  }
+
+  // A gap replay supplied [filled_from, to): reported as filled (the gap counted once per reply).
+  void ReportFilled(uint64_t to, ReplayState* r = nullptr) {
+    if (r == nullptr) r = &*replay_;
+    if (r->purpose != ReplayPurpose::kGap || to <= r->filled_from) return;
+    if (!r->filled_any) {
+      MutexLock lock(&mu_);
+      ++stats_.gaps_filled;
+    }
+    r->filled_any = true;
+    Notice(NoticeKind::kGapFilled, r->filled_from, to, "replayed");
   }
 
   // The live message that waited for the replay, if any, now goes through.

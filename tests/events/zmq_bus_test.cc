@@ -17,6 +17,7 @@
 #include "events/zmq_publisher.h"
 #include "events/zmq_subscriber.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace kvo {
 namespace {
@@ -192,6 +193,70 @@ TEST_F(BusTest, JournalServesReplayBeyondTheRingAndSeqSurvivesRestart) {
   auto replies = RawReplay(95);
   ASSERT_EQ(replies.size(), 7u);
   EXPECT_EQ(replies[5][1], Be64(100));
+}
+
+// A replay that read the journal, caught up into the ring, then stalled on a slow client while
+// the ring rolled past it goes back to the journal from where it is, not from where it left the
+// journal: it used to resend the batches in between (going backwards; a vLLM-style client applies
+// them twice).
+TEST_F(BusTest, AReplayBackFromTheRingToTheJournalNeverGoesBackwards) {
+  JournalOptions jo;
+  jo.dir = dir_.path() + "/journal";
+  auto journal = Journal::Open(jo);
+  ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+  auto pub = Publisher(Config("kv", 3000), journal->get());
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();  // the ring holds 2000 .. 4999, the journal everything
+  zmq::socket_t dealer(ctx_, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::rcvhwm, 10);  // (1 trips a libzmq 4.3 assert, issue 3442, at close)
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.connect(Ep("replay"));
+  const std::string start = Be64(1500);
+  dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(start), zmq::send_flags::none);
+  // Unread, the reply stalls once the queues fill: past seq 2100, so in the ring by then.
+  ASSERT_TRUE(testing::Eventually([&] { return pub->stats().replay_batches_sent >= 600; }));
+  for (uint64_t i = 5000; i < 8000; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();  // the ring rolled on to 5000 .. 7999: the rest of the reply is in the journal
+  std::vector<uint64_t> seqs;
+  while (true) {
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, 10s);
+    ASSERT_TRUE(item.revents & ZMQ_POLLIN) << "replay timed out after " << seqs.size();
+    std::vector<zmq::message_t> frames;
+    ASSERT_TRUE(zmq::recv_multipart(dealer, std::back_inserter(frames)));
+    ASSERT_EQ(frames.size(), 4u);
+    const uint64_t seq = Seq(frames[2]);
+    if (seq == ~uint64_t{0}) break;
+    seqs.push_back(seq);
+  }
+  ASSERT_EQ(seqs.size(), 3500u);  // 1500 .. 4999 (the end when it was asked), each once, in order
+  for (size_t i = 0; i < seqs.size(); ++i) ASSERT_EQ(seqs[i], 1500 + i) << "reply " << i;
+  pub->Shutdown();
+}
+
+// A client that sends replay requests and never reads the replies holds at most 8 of them; the
+// rest are refused (no reply, counted), and another client is still answered in full. Each reply
+// in progress used to be kept, without bound (a batch copy and, from the journal, an open file).
+TEST_F(BusTest, AClientThatNeverReadsHoldsABoundedNumberOfReplies) {
+  auto pub = Publisher(Config("kv", 5000));  // a reply far longer than the queues between
+  for (uint64_t i = 0; i < 5000; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+  pub->Flush();
+  zmq::socket_t greedy(ctx_, zmq::socket_type::dealer);
+  greedy.set(zmq::sockopt::rcvhwm, 10);  // (1 trips a libzmq 4.3 assert, issue 3442, at close)
+  greedy.set(zmq::sockopt::linger, 0);
+  greedy.connect(Ep("replay"));
+  const std::string start = Be64(0);
+  for (int i = 0; i < 100; ++i) {
+    greedy.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    greedy.send(zmq::buffer(start), zmq::send_flags::none);
+  }
+  ASSERT_TRUE(testing::Eventually([&] { return pub->stats().replay_requests >= 100; }));
+  EXPECT_EQ(pub->stats().replay_requests_refused, 92u);
+  auto replies = RawReplay(4000);  // another client
+  ASSERT_EQ(replies.size(), 1001u);
+  EXPECT_EQ(replies[999][1], Be64(4999));
+  pub->Shutdown();
 }
 
 SubscriberOptions SubOptions(const std::string& pub, const std::string& replay,
@@ -922,6 +987,72 @@ TEST_F(BusTest, FilledGapsAreReported) {
   EXPECT_EQ(notices[0].from_seq, 4u);
   EXPECT_EQ(notices[0].to_seq, 7u);
   EXPECT_EQ((*sub)->stats().gaps_filled, 1u);
+}
+
+// A gap replay with a hole: the hole is gap_unrecoverable, and gap_filled covers only what the
+// reply supplied, never the hole too (it reported [6, 31) beside the loss of [6, 20): a consumer
+// summing the two counted those batches twice).
+TEST_F(BusTest, FilledAndLostRangesOfOneReplayDoNotOverlap) {
+  RawPub pub(ctx_, Ep("pub"));
+  RawReplayServer server(ctx_, Ep("replay"),
+                         [&](uint64_t start, const RawReplayServer::Send& send) {
+                           if (start <= 5) send(Be64(5), EncodeBatch(Batch(5)));
+                           for (uint64_t seq = std::max<uint64_t>(start, 20); seq <= 30; ++seq) {
+                             send(Be64(seq), EncodeBatch(Batch(seq)));
+                           }
+                           send(Be64(~uint64_t{0}), "");
+                         });
+  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
+  o.idle_probe_ms = 0;
+  auto sub = Subscriber::Create(o);
+  ASSERT_TRUE(sub.ok());
+  ASSERT_TRUE(pub.Handshake(**sub, 0).has_value());
+  for (uint64_t seq = 1; seq <= 5; ++seq) pub.Send(seq, EncodeBatch(Batch(seq)));
+  EXPECT_EQ(Seqs(ReadN(**sub, 5)), SeqRun(1, 5));
+  (void)(*sub)->TakeNotices();
+  pub.Send(30, EncodeBatch(Batch(30)));
+  EXPECT_EQ(Seqs(ReadN(**sub, 11)), SeqRun(20, 11));
+  ASSERT_TRUE((*sub)->Next(100ms).ok());  // the reply's end marker
+  std::vector<std::pair<NoticeKind, std::pair<uint64_t, uint64_t>>> got;
+  for (const SubscriberNotice& n : (*sub)->TakeNotices()) {
+    got.push_back({n.kind, {n.from_seq, n.to_seq}});
+  }
+  const std::vector<std::pair<NoticeKind, std::pair<uint64_t, uint64_t>>> want = {
+      {NoticeKind::kGapUnrecoverable, {6, 20}}, {NoticeKind::kGapFilled, {20, 31}}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ((*sub)->stats().gaps_filled, 1u);
+  EXPECT_EQ((*sub)->stats().batches_lost, 14u);
+}
+
+// Shutdown beside a Publish and beside another Shutdown (an engine's teardown on one thread, the
+// destructor or a signal handler's path on another). Two Shutdowns both joined the consumer thread
+// (std::system_error: the process ended), and a Publish that enqueued just before Shutdown woke
+// the consumer through an eventfd Shutdown had closed (or a descriptor reused meanwhile). Run
+// under TSan in CI, which also reports the old unsynchronised close.
+TEST_F(BusTest, ShutdownRacesPublishAndAnotherShutdown) {
+  for (int round = 0; round < 20; ++round) {
+    auto pub = Publisher(Config());
+    ASSERT_NE(pub, nullptr);
+    std::atomic<bool> go{false};
+    std::thread publisher([&] {
+      while (!go.load()) std::this_thread::yield();
+      for (uint64_t i = 0; pub->Publish(Batch(i)).ok(); ++i) {
+      }
+    });
+    std::thread first([&] {
+      while (!go.load()) std::this_thread::yield();
+      pub->Shutdown();
+    });
+    std::thread second([&] {
+      while (!go.load()) std::this_thread::yield();
+      pub->Shutdown();
+    });
+    go = true;
+    publisher.join();
+    first.join();
+    second.join();
+    EXPECT_FALSE(pub->Publish(Batch(0)).ok());  // closed
+  }
 }
 
 }  // namespace
