@@ -223,6 +223,12 @@ def main():
         assert st == 400 and "prompt" in json.loads(body)["error"]["message"], body
         st, body = call(base + "/v1/models")
         assert st == 200 and json.loads(body)["object"] == "list", body
+        # Unknown paths and methods are named cut short, never echoed whole (they were: a path
+        # can be as long as the 16 KiB header limit).
+        st, body = call(base + "/" + "z" * 8000)
+        assert st == 404 and len(body) < 300 and "no such path" in body, (st, len(body))
+        st, body = call(base + "/route/stats", method="M" * 5000)
+        assert st == 405 and len(body) < 300, (st, len(body))
 
         # eng-a down: the request for its prefix is retried on eng-b and counted.
         engines[0].stop()
