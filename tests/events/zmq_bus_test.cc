@@ -270,6 +270,15 @@ SubscriberOptions SubOptions(const std::string& pub, const std::string& replay,
   return o;
 }
 
+// SubOptions for the hand-made publishers below: no idle probes, so the raw replay servers answer
+// only the requests a test's script causes.
+SubscriberOptions UnprobedOptions(const std::string& pub, const std::string& replay,
+                                  std::optional<uint64_t> start) {
+  SubscriberOptions o = SubOptions(pub, replay, start);
+  o.idle_probe_ms = 0;
+  return o;
+}
+
 // Reads until `count` batches arrived (or 20 s passed, which fails the test).
 std::vector<ReceivedBatch> ReadN(Subscriber& sub, size_t count) {
   std::vector<ReceivedBatch> out;
@@ -848,9 +857,7 @@ TEST_F(BusTest, AReplayFromZeroToALongRunningPublisherDeliversItsBuffer) {
                            send(Be64(~uint64_t{0}), "");
                          });
   RawPub pub(ctx_, Ep("pub"));
-  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), 0);
-  o.idle_probe_ms = 0;
-  auto sub = Subscriber::Create(o);
+  auto sub = Subscriber::Create(UnprobedOptions(Ep("pub"), Ep("replay"), 0));
   ASSERT_TRUE(sub.ok());
   EXPECT_EQ(Seqs(ReadN(**sub, 5)), SeqRun(kFirst, 5));
   auto live = pub.Handshake(**sub, kFirst + 5);
@@ -882,9 +889,7 @@ TEST_F(BusTest, ARestartAtAHighSequenceIsReportedOnceAndTheNewStreamReplayed) {
                            send(Be64(~uint64_t{0}), "");
                          });
   RawPub pub(ctx_, Ep("pub"));
-  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
-  o.idle_probe_ms = 0;
-  auto sub = Subscriber::Create(o);
+  auto sub = Subscriber::Create(UnprobedOptions(Ep("pub"), Ep("replay"), std::nullopt));
   ASSERT_TRUE(sub.ok());
   ASSERT_TRUE(pub.Handshake(**sub, kBase).has_value());
   for (uint64_t seq = kBase + 1; seq < kBase + 10; ++seq) pub.Send(seq, EncodeBatch(Batch(seq)));
@@ -923,9 +928,7 @@ TEST_F(BusTest, TheLiveMessageAGapReplayRanForIsDroppedWhenTheReplayFindsARestar
                            send(Be64(~uint64_t{0}), "");
                          });
   RawPub pub(ctx_, Ep("pub"));
-  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
-  o.idle_probe_ms = 0;
-  auto sub = Subscriber::Create(o);
+  auto sub = Subscriber::Create(UnprobedOptions(Ep("pub"), Ep("replay"), std::nullopt));
   ASSERT_TRUE(sub.ok());
   ASSERT_TRUE(pub.Handshake(**sub, 0).has_value());
   for (uint64_t seq = 1; seq < 6; ++seq) pub.Send(seq, EncodeBatch(Batch(seq)));
@@ -970,9 +973,7 @@ TEST_F(BusTest, FilledGapsAreReported) {
                              send(Be64(seq), EncodeBatch(Batch(seq)));
                            send(Be64(~uint64_t{0}), "");
                          });
-  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
-  o.idle_probe_ms = 0;
-  auto sub = Subscriber::Create(o);
+  auto sub = Subscriber::Create(UnprobedOptions(Ep("pub"), Ep("replay"), std::nullopt));
   ASSERT_TRUE(sub.ok());
   ASSERT_TRUE(pub.Handshake(**sub, 3).has_value());
   (*sub)->TakeNotices();
@@ -1002,9 +1003,7 @@ TEST_F(BusTest, FilledAndLostRangesOfOneReplayDoNotOverlap) {
                            }
                            send(Be64(~uint64_t{0}), "");
                          });
-  SubscriberOptions o = SubOptions(Ep("pub"), Ep("replay"), std::nullopt);
-  o.idle_probe_ms = 0;
-  auto sub = Subscriber::Create(o);
+  auto sub = Subscriber::Create(UnprobedOptions(Ep("pub"), Ep("replay"), std::nullopt));
   ASSERT_TRUE(sub.ok());
   ASSERT_TRUE(pub.Handshake(**sub, 0).has_value());
   for (uint64_t seq = 1; seq <= 5; ++seq) pub.Send(seq, EncodeBatch(Batch(seq)));
