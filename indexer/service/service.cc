@@ -190,9 +190,16 @@ void IndexerService::Impl::HandleLoss(StreamState* s, const std::string& why) {
   {
     MutexLock slock(&s->mu);
     ++s->status.source_clears;
-    s->status.has_seq = false;
-    if (!st.ok()) s->status.last_error = st.ToString();
+    if (st.ok()) {
+      // Nothing applied is left: no sequence, no batch time to measure lag from.
+      s->status.has_seq = false;
+      s->status.last_seq = 0;
+      s->last_batch_ts = 0;
+    } else {
+      s->status.last_error = st.ToString();
+    }
   }
+  if (st.ok()) s->metrics.last_seq->Set(0);
   if (st.ok()) {
     KVO_LOG_WARN(
         "source '{}' rank {}: {}: cleared the stream's entries (last applied seq {}); rebuilding "
