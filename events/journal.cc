@@ -85,6 +85,11 @@ class JournalImpl final : public Journal {
                                      " is not greater than the last seq " +
                                      std::to_string(*last_seq_));
     }
+    if (seq < floor_) {
+      return Status::InvalidArgument("journal append: seq " + std::to_string(seq) +
+                                     " is below the sequence floor " + std::to_string(floor_) +
+                                     " (seqs published unjournaled)");
+    }
     uint64_t bytes = kJournalRecordHeaderBytes + payload.size();
     if (writer_ == nullptr ||
         (segments_.back().records > 0 && segments_.back().size + bytes > options_.segment_bytes)) {
@@ -125,6 +130,34 @@ class JournalImpl final : public Journal {
     if (writer_ == nullptr) return Status::Ok();
     last_sync_nanos_ = clock_->MonotonicNanos();
     return Sticky(writer_->Sync());
+  }
+
+  Status RaiseSeqFloor(uint64_t seq) override {
+    MutexLock lock(&mu_);
+    if (options_.read_only) return Status::FailedPrecondition("journal opened read-only");
+    if (seq <= floor_) return Status::Ok();
+    const std::string to = JoinPath(options_.dir, JournalSeqFloorName(seq));
+    Status s;
+    if (floor_path_.empty()) {
+      // Open could not create the floor file: create this one (which may fail on a full disk).
+      auto f = fs_->NewAppendableFile(to, FileOptions{});
+      s = f.ok() ? (*f)->Close() : f.status();
+    } else {
+      s = fs_->Rename(floor_path_, to);
+    }
+    if (s.ok() && options_.fsync != FsyncPolicy::kNever) s = fs_->SyncDir(options_.dir);
+    if (!s.ok()) {
+      return s.WithContext("journal '" + options_.dir + "': raising the sequence floor to " +
+                           std::to_string(seq));
+    }
+    floor_ = seq;
+    floor_path_ = to;
+    return Status::Ok();
+  }
+
+  uint64_t seq_floor() const override {
+    MutexLock lock(&mu_);
+    return last_seq_.has_value() ? std::max(floor_, *last_seq_ + 1) : floor_;
   }
 
   bool empty() const override {
@@ -214,6 +247,8 @@ class JournalImpl final : public Journal {
   // Validates one segment; `is_last` allows (and repairs) a torn tail.
   Status LoadSegment(Segment* seg, bool is_last, bool* remove) EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status OpenWriterOnLast() EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `stale` floor files and creates the floor file when there is none.
+  Status PrepareFloorFile(const std::vector<std::string>& stale) EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes [from, to) of a file.
   Result<std::string> ReadRange(const std::string& path, uint64_t from, uint64_t to);
 
@@ -228,6 +263,8 @@ class JournalImpl final : public Journal {
   std::string scratch_ GUARDED_BY(mu_);                   // one framed record, capacity reused
   int64_t last_sync_nanos_ GUARDED_BY(mu_) = 0;
   Status error_ GUARDED_BY(mu_);
+  uint64_t floor_ GUARDED_BY(mu_) = 0;      // from the floor file's name (0: none)
+  std::string floor_path_ GUARDED_BY(mu_);  // the floor file; empty when there is none
 };
 
 Status JournalImpl::Roll(uint64_t seq) {
@@ -338,6 +375,28 @@ Result<std::string> JournalImpl::ReadRange(const std::string& path, uint64_t fro
   return out;
 }
 
+Status JournalImpl::PrepareFloorFile(const std::vector<std::string>& stale) {
+  for (const std::string& path : stale) {
+    if (Status s = fs_->Remove(path); !s.ok()) {
+      KVO_LOG_WARN("journal '{}': cannot remove an older sequence-floor file: {}", options_.dir,
+                   s.ToString());
+    }
+  }
+  if (!floor_path_.empty()) return Status::Ok();
+  // Created empty now, while there may be room, so that raising the floor later is a rename. A
+  // failure is not fatal: the journal works, and RaiseSeqFloor tries to create it then.
+  const std::string path = JoinPath(options_.dir, JournalSeqFloorName(0));
+  auto f = fs_->NewAppendableFile(path, FileOptions{});
+  Status s = f.ok() ? (*f)->Close() : f.status();
+  if (s.ok()) {
+    floor_path_ = path;
+  } else {
+    KVO_LOG_WARN("journal '{}': cannot create the sequence-floor file: {}", options_.dir,
+                 s.ToString());
+  }
+  return Status::Ok();
+}
+
 Status JournalImpl::OpenWriterOnLast() {
   Segment& seg = segments_.back();
   KVO_ASSIGN_OR_RETURN(writer_, fs_->NewAppendableFile(seg.path, FileOptions{}));
@@ -361,7 +420,19 @@ Status JournalImpl::Load() {
   if (!options_.read_only) KVO_RETURN_IF_ERROR(fs_->CreateDirs(options_.dir, FileOptions{}));
   KVO_ASSIGN_OR_RETURN(std::vector<std::string> names, fs_->ListDir(options_.dir));
   std::vector<Segment> found;
+  std::vector<std::string> floor_files;  // older floor files (a crash between create and rename)
   for (const std::string& name : names) {
+    if (std::optional<uint64_t> floor = journal_internal::ParseSeqFloorName(name)) {
+      std::string path = JoinPath(options_.dir, name);
+      if (floor_path_.empty() || *floor > floor_) {
+        if (!floor_path_.empty()) floor_files.push_back(std::move(floor_path_));
+        floor_ = *floor;
+        floor_path_ = std::move(path);
+      } else {
+        floor_files.push_back(std::move(path));
+      }
+      continue;
+    }
     std::optional<uint64_t> base = journal_internal::ParseSegmentName(name);
     if (!base.has_value()) continue;  // not ours (e.g. a lock or notes file)
     Segment seg;
@@ -396,6 +467,7 @@ Status JournalImpl::Load() {
     KVO_RETURN_IF_ERROR(fs_->SyncDir(options_.dir));
   }
   if (!options_.read_only && !segments_.empty()) KVO_RETURN_IF_ERROR(OpenWriterOnLast());
+  if (!options_.read_only) KVO_RETURN_IF_ERROR(PrepareFloorFile(floor_files));
   last_sync_nanos_ = clock_->MonotonicNanos();
   return Status::Ok();
 }

@@ -4,7 +4,15 @@
 // schemas/journal_format.md.
 //
 // Files: `dir/<first seq, 20 decimal digits>.kvj`, e.g. 00000000000000000042.kvj holds records
-// 42, 43, ... up to the next segment's first seq. Other names in `dir` are ignored.
+// 42, 43, ... up to the next segment's first seq. `dir/seq-floor-<20 digits>` is an empty file
+// whose name is the sequence floor (below). Other names in `dir` are ignored.
+//
+// Sequence floor: the lowest seq a new record may take. It is one past the newest record, or the
+// seq last passed to RaiseSeqFloor, whichever is higher. A publisher whose appends fail keeps
+// publishing (as vLLM, which has no journal) and raises the floor past every seq it sends
+// unjournaled, so a restart resumes past them instead of reusing seqs subscribers have seen. The
+// floor file is created empty on Open and only ever renamed, so raising it writes no data block:
+// it works on a full disk, where the appends it stands in for fail.
 //
 // Durability: Append buffers records in user space (no syscall per record). Records reach the OS
 // (and so survive a crash of this process) on Flush(), Sync(), NewReader(), a segment roll, or when
@@ -55,6 +63,7 @@ struct JournalRecord {
 
 // Format constants (schemas/journal_format.md).
 inline constexpr char kJournalSegmentSuffix[] = ".kvj";
+inline constexpr char kJournalSeqFloorPrefix[] = "seq-floor-";
 inline constexpr uint32_t kJournalFormatVersion = 1;
 inline constexpr size_t kJournalSegmentHeaderBytes = 32;
 inline constexpr size_t kJournalRecordHeaderBytes = 20;
@@ -63,6 +72,8 @@ inline constexpr size_t kJournalMaxPayloadBytes = 256u << 20;
 
 // The file name of the segment whose first record is `first_seq`: "%020llu.kvj".
 std::string JournalSegmentName(uint64_t first_seq);
+// The name of the floor file for `floor`: "seq-floor-%020llu".
+std::string JournalSeqFloorName(uint64_t floor);
 // The checksum stored in a record (XXH3-64 over its length, seq and payload fields).
 uint64_t JournalRecordChecksum(uint64_t seq, std::string_view payload);
 
@@ -86,10 +97,17 @@ class Journal {
   // or name, decreasing seqs -- is Corruption naming the file and offset.
   static Result<std::unique_ptr<Journal>> Open(const JournalOptions& options);
 
-  // Appends one record. InvalidArgument when seq <= last_seq() on a non-empty journal (strictly
-  // increasing; gaps allowed) or the payload exceeds kJournalMaxPayloadBytes; FailedPrecondition
-  // when read-only. After a write error every later Append fails (reopen to recover).
+  // Appends one record. InvalidArgument when seq < seq_floor() (strictly increasing; gaps allowed)
+  // or the payload exceeds kJournalMaxPayloadBytes; FailedPrecondition when read-only. After a
+  // write error every later Append fails (reopen to recover).
   virtual Status Append(uint64_t seq, std::string_view payload) = 0;
+  // Records, durably against a crash of this process (and against power loss unless the fsync
+  // policy is kNever), that seqs below `seq` are used: seq_floor() is at least `seq` from now on
+  // and after every reopen. A lower value is a no-op. Works after a write error (a rename of the
+  // empty floor file); FailedPrecondition when read-only.
+  virtual Status RaiseSeqFloor(uint64_t seq) = 0;
+  // The lowest seq the next Append may take: 0 for a new journal.
+  virtual uint64_t seq_floor() const = 0;
   // Hands buffered records to the OS (survives a crash of this process).
   virtual Status Flush() = 0;
   // Flush, then fdatasync the active segment (survives power loss).

@@ -49,6 +49,8 @@ Status CheckSegmentHeader(std::string_view header, const std::string& path, uint
 bool IsHeaderPrefix(std::string_view prefix);
 // Parses "<20 digits>.kvj"; nullopt for any other name.
 std::optional<uint64_t> ParseSegmentName(std::string_view name);
+// Parses "seq-floor-<20 digits>"; nullopt for any other name.
+std::optional<uint64_t> ParseSeqFloorName(std::string_view name);
 
 // Frames one record (header + payload) into *out, replacing its contents and reusing capacity.
 void EncodeRecord(uint64_t seq, std::string_view payload, std::string* out);

@@ -16,6 +16,13 @@ std::string JournalSegmentName(uint64_t first_seq) {
   return name;
 }
 
+std::string JournalSeqFloorName(uint64_t floor) {
+  char name[40];
+  std::snprintf(name, sizeof(name), "%s%020llu", kJournalSeqFloorPrefix,
+                static_cast<unsigned long long>(floor));
+  return name;
+}
+
 uint64_t JournalRecordChecksum(uint64_t seq, std::string_view payload) {
   std::string framed;
   journal_internal::EncodeRecord(seq, payload, &framed);
@@ -88,18 +95,34 @@ bool IsHeaderPrefix(std::string_view prefix) {
          std::memcmp(prefix.data(), kSegmentMagic, n) == 0;
 }
 
-std::optional<uint64_t> ParseSegmentName(std::string_view name) {
-  constexpr size_t kDigits = 20;
-  std::string_view suffix(kJournalSegmentSuffix);
-  if (name.size() != kDigits + suffix.size() || name.substr(kDigits) != suffix) return std::nullopt;
-  uint64_t v = 0;
-  const char* end = name.data() + kDigits;
-  for (const char* p = name.data(); p != end; ++p) {
-    if (*p < '0' || *p > '9') return std::nullopt;
+namespace {
+constexpr size_t kNameDigits = 20;
+
+// Exactly 20 decimal digits that fit a u64.
+std::optional<uint64_t> ParseDigits(std::string_view digits) {
+  if (digits.size() != kNameDigits) return std::nullopt;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
   }
-  auto [ptr, ec] = std::from_chars(name.data(), end, v);
-  if (ec != std::errc() || ptr != end) return std::nullopt;  // out of range for u64
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc() || ptr != digits.data() + digits.size()) return std::nullopt;  // > u64
   return v;
+}
+}  // namespace
+
+std::optional<uint64_t> ParseSegmentName(std::string_view name) {
+  std::string_view suffix(kJournalSegmentSuffix);
+  if (name.size() != kNameDigits + suffix.size() || name.substr(kNameDigits) != suffix) {
+    return std::nullopt;
+  }
+  return ParseDigits(name.substr(0, kNameDigits));
+}
+
+std::optional<uint64_t> ParseSeqFloorName(std::string_view name) {
+  const std::string_view prefix(kJournalSeqFloorPrefix);
+  if (!name.starts_with(prefix)) return std::nullopt;
+  return ParseDigits(name.substr(prefix.size()));
 }
 
 void EncodeRecord(uint64_t seq, std::string_view payload, std::string* out) {

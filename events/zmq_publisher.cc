@@ -100,9 +100,10 @@ class ZmqPublisher final : public EventPublisher {
     }
     wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (wake_fd_ < 0) return Status::IOError("eventfd failed");
-    if (journal_ != nullptr && !journal_->empty()) {
+    if (journal_ != nullptr) {
+      // Past every journaled seq, and past every seq a run before published unjournaled.
       MutexLock lock(&mu_);
-      next_seq_ = journal_->last_seq() + 1;
+      next_seq_ = journal_->seq_floor();
     }
     thread_ = std::thread([this] { Run(); });
     pthread_setname_np(thread_.native_handle(), "zmq-publisher");
@@ -259,7 +260,10 @@ class ZmqPublisher final : public EventPublisher {
 
   // Encodes a run of queued batches, journals them and hands the journal's bytes to the OS (one
   // write for the run), then sends them: a batch is never on the wire before it is in the journal,
-  // so a restart cannot reuse a sequence number a subscriber has seen.
+  // so a restart cannot reuse a sequence number a subscriber has seen. When the journal cannot be
+  // written (a full or failing disk) the run is still sent, as vLLM (which has no journal) would,
+  // but only after the journal's sequence floor is raised past it: a restart then resumes past
+  // these seqs, and a subscriber sees them as lost, never as batches it already applied.
   void PublishRun(std::deque<EventBatch>& work) {
     uint64_t first_seq;
     {
@@ -278,10 +282,27 @@ class ZmqPublisher final : public EventPublisher {
         s = journal_->Append(first_seq + i, payloads_[i]);
       if (s.ok()) s = journal_->Flush();
       if (!s.ok()) {
-        MutexLock lock(&mu_);
-        ++stats_.journal_errors;
-        KVO_LOG_ERROR("kv-events journal append of seqs {}..{} failed: {}", first_seq,
-                      first_seq + work.size() - 1, s.ToString());
+        const uint64_t end = first_seq + work.size();
+        Status floor = journal_->RaiseSeqFloor(end);
+        {
+          MutexLock lock(&mu_);
+          ++stats_.journal_errors;
+          if (!floor.ok()) ++stats_.journal_floor_errors;
+        }
+        // One line per distinct failure, then the 2nd, 4th, ... of a run: a full disk fails
+        // every run until the process restarts.
+        std::string why = s.ToString();
+        if (!floor.ok()) {
+          why +=
+              "; the sequence floor could not be raised either, so a restart may reuse these "
+              "seqs: " +
+              floor.ToString();
+        }
+        if (RepeatFilter::Decision d = journal_log_.Note(why); d.log) {
+          KVO_LOG_ERROR(
+              "kv-events journal append of seqs {}..{} failed; published unjournaled: {}{}",
+              first_seq, end - 1, why, d.Describe());
+        }
       }
     }
     for (size_t i = 0; i < work.size(); ++i) {
@@ -503,6 +524,7 @@ class ZmqPublisher final : public EventPublisher {
   // A client sending bad or too many requests in a loop logs O(log n) lines.
   RepeatFilter invalid_log_;
   RepeatFilter refused_log_;
+  RepeatFilter journal_log_;           // journal append failures (the publishing thread's)
   std::vector<std::string> payloads_;  // encoded batches of the run being published
   bool replay_blocked_ = false;
   std::thread thread_;

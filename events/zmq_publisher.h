@@ -26,7 +26,11 @@ struct PublisherStats {
   uint64_t batches_published = 0;
   uint64_t block_events_published = 0;
   uint64_t send_errors = 0;
-  uint64_t journal_errors = 0;
+  uint64_t journal_errors =
+      0;  // runs of batches sent unjournaled (the journal could not take them)
+  // Of those, runs whose seqs the journal's sequence floor could not be raised past either: a
+  // restart may reuse them.
+  uint64_t journal_floor_errors = 0;
   uint64_t replay_requests = 0;
   uint64_t replay_batches_sent = 0;
   uint64_t replay_from_journal = 0;

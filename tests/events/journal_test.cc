@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "events/journal_internal.h"
+#include "tests/testing/counting_file_system.h"
 #include "tests/testing/manual_clock.h"
 #include "tests/testing/temp_dir.h"
 
@@ -61,10 +62,12 @@ void WriteBytes(const std::string& path, std::string_view bytes) {
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+// The segment files of `dir` (not the floor file), sorted.
 std::vector<std::string> SegmentFiles(const std::string& dir) {
   std::vector<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    names.push_back(e.path().filename().string());
+    std::string name = e.path().filename().string();
+    if (name.ends_with(kJournalSegmentSuffix)) names.push_back(std::move(name));
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -677,68 +680,7 @@ TEST_F(JournalTest, ConcurrentReaderWhileAppending) {
   EXPECT_EQ(ReadAll(j.get()).size(), kRecords);
 }
 
-// A FileSystem that counts syncs and can fail writes, over the real one.
-class CountingFileSystem final : public FileSystem {
- public:
-  std::atomic<int> file_syncs{0};
-  std::atomic<int> dir_syncs{0};
-  std::atomic<bool> fail_writes{false};
-
-  Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path,
-                                                          const FileOptions& opts) override {
-    KVO_ASSIGN_OR_RETURN(auto f, base_->NewAppendableFile(path, opts));
-    return std::unique_ptr<WritableFile>(new File(this, std::move(f)));
-  }
-  Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) override {
-    return base_->NewSequentialFile(path);
-  }
-  Result<std::string> ReadFile(const std::string& path) override { return base_->ReadFile(path); }
-  Result<std::vector<std::string>> ListDir(const std::string& dir) override {
-    return base_->ListDir(dir);
-  }
-  Status CreateDirs(const std::string& dir, const FileOptions& opts) override {
-    return base_->CreateDirs(dir, opts);
-  }
-  Result<uint64_t> FileSize(const std::string& path) override { return base_->FileSize(path); }
-  bool Exists(const std::string& path) override { return base_->Exists(path); }
-  Status Truncate(const std::string& path, uint64_t size) override {
-    return base_->Truncate(path, size);
-  }
-  Status Rename(const std::string& from, const std::string& to) override {
-    return base_->Rename(from, to);
-  }
-  Status Remove(const std::string& path) override { return base_->Remove(path); }
-  Status SyncDir(const std::string& dir) override {
-    ++dir_syncs;
-    return base_->SyncDir(dir);
-  }
-
- private:
-  class File final : public WritableFile {
-   public:
-    File(CountingFileSystem* fs, std::unique_ptr<WritableFile> f) : fs_(fs), f_(std::move(f)) {}
-    Status Append(std::string_view data) override {
-      if (fs_->fail_writes) return Status::OutOfSpace("injected");
-      return f_->Append(data);
-    }
-    Status Flush() override {
-      if (fs_->fail_writes) return Status::OutOfSpace("injected");
-      return f_->Flush();
-    }
-    Status Sync() override {
-      ++fs_->file_syncs;
-      return f_->Sync();
-    }
-    Status Close() override { return f_->Close(); }
-    uint64_t Size() const override { return f_->Size(); }
-
-   private:
-    CountingFileSystem* fs_;
-    std::unique_ptr<WritableFile> f_;
-  };
-
-  FileSystem* base_ = DefaultFileSystem();
-};
+using testing::CountingFileSystem;
 
 TEST_F(JournalTest, FsyncPolicies) {
   {
@@ -821,10 +763,16 @@ TEST_F(JournalTest, RandomizedAgainstModel) {
   uint64_t next = rng() % 1000;
   auto j = MustOpen(o);
   ASSERT_NE(j, nullptr);
+  uint64_t floor = 0;  // the highest RaiseSeqFloor
   for (int step = 0; step < 2000; ++step) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step));
     uint64_t op = rng() % 100;
-    if (op < 70) {
+    if (op < 2) {
+      const uint64_t to = next + rng() % 20;  // at or past the next record, as a publisher does
+      ASSERT_TRUE(j->RaiseSeqFloor(to).ok());
+      floor = std::max(floor, to);
+      next = std::max(next, floor);
+    } else if (op < 70) {
       std::string p = Payload(next, rng() % 3 == 0 ? rng() % 2000 : 1 + rng() % 120);
       ASSERT_TRUE(j->Append(next, p).ok());
       model[next] = p;
@@ -869,7 +817,99 @@ TEST_F(JournalTest, RandomizedAgainstModel) {
       ASSERT_EQ(j->first_seq(), model.begin()->first);
       ASSERT_EQ(j->last_seq(), model.rbegin()->first);
     }
+    ASSERT_EQ(j->seq_floor(), model.empty() ? floor : std::max(floor, model.rbegin()->first + 1));
   }
+}
+
+// The sequence floor: raised past seqs used without a record, kept across reopens, a bound on
+// appends, and in exactly one file whose name carries it.
+TEST_F(JournalTest, SeqFloorSurvivesReopenAndBoundsAppends) {
+  JournalOptions o = Options();
+  auto j = MustOpen(o);
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->seq_floor(), 0u);
+  for (uint64_t s = 0; s < 5; ++s) ASSERT_TRUE(j->Append(s, Payload(s)).ok());
+  EXPECT_EQ(j->seq_floor(), 5u);
+  ASSERT_TRUE(j->RaiseSeqFloor(10).ok());
+  ASSERT_TRUE(j->RaiseSeqFloor(7).ok());  // lower: no-op
+  EXPECT_EQ(j->seq_floor(), 10u);
+  Status below = j->Append(7, "x");
+  EXPECT_EQ(below.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(below.message().find("below the sequence floor 10"), std::string::npos)
+      << below.ToString();
+  j.reset();
+
+  j = MustOpen(o);
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->last_seq(), 4u);
+  EXPECT_EQ(j->seq_floor(), 10u);
+  EXPECT_FALSE(j->Append(9, "x").ok());
+  ASSERT_TRUE(j->Append(10, "y").ok());
+  EXPECT_EQ(j->seq_floor(), 11u);
+  j.reset();
+
+  std::vector<std::string> floors;
+  for (const auto& e : std::filesystem::directory_iterator(o.dir)) {
+    std::string name = e.path().filename().string();
+    if (name.starts_with(kJournalSeqFloorPrefix)) floors.push_back(name);
+  }
+  EXPECT_EQ(floors, std::vector<std::string>{JournalSeqFloorName(10)});
+
+  JournalOptions ro = o;
+  ro.read_only = true;
+  auto r = MustOpen(ro);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->seq_floor(), 11u);
+  EXPECT_EQ(r->RaiseSeqFloor(20).code(), StatusCode::kFailedPrecondition);
+  auto records = ReadAll(r.get());
+  ASSERT_EQ(records.size(), 6u);  // the floor file is not a segment
+  EXPECT_EQ(records.back().seq, 10u);
+}
+
+// A journal that can no longer write (a full disk) still takes a raised floor, and a reopen on a
+// healthy disk resumes past it: the seqs sent meanwhile are never reused.
+TEST_F(JournalTest, SeqFloorIsRaisedAfterAWriteError) {
+  CountingFileSystem fs;
+  JournalOptions o = Options();
+  o.fs = &fs;
+  auto j = MustOpen(o);
+  ASSERT_NE(j, nullptr);
+  for (uint64_t s = 0; s < 5; ++s) ASSERT_TRUE(j->Append(s, Payload(s)).ok());
+  ASSERT_TRUE(j->Flush().ok());
+  fs.fail_writes = true;
+  EXPECT_EQ(j->Append(5, "x").code(), StatusCode::kOutOfSpace);
+  ASSERT_TRUE(j->RaiseSeqFloor(6).ok());
+  EXPECT_EQ(j->Append(6, "y").code(), StatusCode::kOutOfSpace);  // sticky
+  ASSERT_TRUE(j->RaiseSeqFloor(7).ok());
+  EXPECT_EQ(j->seq_floor(), 7u);
+  j.reset();
+  fs.fail_writes = false;
+  j = MustOpen(o);
+  ASSERT_NE(j, nullptr);
+  EXPECT_EQ(j->last_seq(), 4u);
+  EXPECT_EQ(j->seq_floor(), 7u);
+  EXPECT_EQ(ReadAll(j.get()).size(), 5u);
+}
+
+// Older floor files (a crash of another writer, or a copy) are removed on open and the highest
+// kept; names that only look like floor files are left alone.
+TEST_F(JournalTest, TheHighestFloorFileWinsAndOlderOnesAreRemoved) {
+  JournalOptions o = Options();
+  std::filesystem::create_directories(o.dir);
+  for (uint64_t f : {3u, 42u, 17u}) WriteBytes(o.dir + "/" + JournalSeqFloorName(f), "");
+  WriteBytes(o.dir + "/seq-floor-99", "");                    // not 20 digits
+  WriteBytes(o.dir + "/seq-floor-99999999999999999999", "");  // over 2^64 - 1
+  auto j = MustOpen(o);
+  ASSERT_NE(j, nullptr);
+  EXPECT_TRUE(j->empty());
+  EXPECT_EQ(j->seq_floor(), 42u);
+  EXPECT_FALSE(std::filesystem::exists(o.dir + "/" + JournalSeqFloorName(3)));
+  EXPECT_FALSE(std::filesystem::exists(o.dir + "/" + JournalSeqFloorName(17)));
+  EXPECT_TRUE(std::filesystem::exists(o.dir + "/" + JournalSeqFloorName(42)));
+  EXPECT_TRUE(std::filesystem::exists(o.dir + "/seq-floor-99"));
+  EXPECT_TRUE(std::filesystem::exists(o.dir + "/seq-floor-99999999999999999999"));
+  EXPECT_EQ(j->Append(41, "x").code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(j->Append(42, "x").ok());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "events/journal.h"
 #include "events/zmq_publisher.h"
 #include "events/zmq_subscriber.h"
+#include "tests/testing/counting_file_system.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -193,6 +194,49 @@ TEST_F(BusTest, JournalServesReplayBeyondTheRingAndSeqSurvivesRestart) {
   auto replies = RawReplay(95);
   ASSERT_EQ(replies.size(), 7u);
   EXPECT_EQ(replies[5][1], Be64(100));
+}
+
+// A journal that cannot be written (a full disk) does not stop publishing, and a restart resumes
+// past everything sent meanwhile: it used to resume at the last journaled seq + 1, reusing seqs
+// subscribers had applied with other batches (an indexer resuming from a checkpoint among them
+// would apply the new stream's batches as if they continued the old one).
+TEST_F(BusTest, BatchesSentUnjournaledAreNeverReusedAfterARestart) {
+  testing::CountingFileSystem fs;
+  JournalOptions jo;
+  jo.dir = dir_.path() + "/journal";
+  jo.fs = &fs;
+  {
+    auto journal = Journal::Open(jo);
+    ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+    auto pub = Publisher(Config("kv", 100), journal->get());
+    for (uint64_t i = 0; i < 10; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+    pub->Flush();
+    fs.fail_writes = true;
+    for (uint64_t i = 10; i < 20; ++i) ASSERT_TRUE(pub->Publish(Batch(i)).ok());
+    pub->Flush();
+    PublisherStats st = pub->stats();
+    EXPECT_EQ(st.batches_published, 20u);  // sent, as vLLM would
+    EXPECT_GE(st.journal_errors, 1u);
+    EXPECT_EQ(st.journal_floor_errors, 0u);
+    EXPECT_EQ((*journal)->seq_floor(), 20u);
+    auto replies = RawReplay(15);  // the ring still has them
+    ASSERT_EQ(replies.size(), 6u);
+    EXPECT_EQ(replies[0][1], Be64(15));
+    pub->Shutdown();
+  }
+  fs.fail_writes = false;
+  auto journal = Journal::Open(jo);
+  ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+  auto pub = Publisher(Config("kv", 100), journal->get());
+  EXPECT_EQ(pub->stats().next_seq, 20u);
+  ASSERT_TRUE(pub->Publish(Batch(20)).ok());
+  pub->Flush();
+  // A client asking from a checkpoint inside the unjournaled run sees it as a hole.
+  auto replies = RawReplay(5);
+  std::vector<std::string> seqs;
+  for (const auto& r : replies) seqs.push_back(r[1]);
+  EXPECT_EQ(seqs, (std::vector<std::string>{Be64(5), Be64(6), Be64(7), Be64(8), Be64(9), Be64(20),
+                                            std::string(8, '\xff')}));
 }
 
 // A replay that read the journal, caught up into the ring, then stalled on a slow client while

@@ -79,7 +79,7 @@ TEST(DiskFaultsTest, FullTmpfsLosesNothingStored) {
   testing::TempDir dir;
   const int trials = testing::FaultTrials(4, 30);
   int64_t failures = 0;
-  uint64_t stored_total = 0, full_total = 0, records_total = 0;
+  uint64_t stored_total = 0, full_total = 0, records_total = 0, floors_total = 0;
   for (int trial = 0; trial < trials; ++trial) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " trial " + std::to_string(trial));
     const std::string mnt = dir.path() + "/m" + std::to_string(trial);
@@ -125,11 +125,14 @@ TEST(DiskFaultsTest, FullTmpfsLosesNothingStored) {
       }
     }
     // The journal on the full disk: appends fail (sticky), every flushed record survives a
-    // reopen, and the reopened journal opens (torn tail truncated).
+    // reopen, and the reopened journal opens (torn tail truncated). The sequence floor is raised
+    // past the failed run on the full disk, as the publisher does before sending it, and the
+    // reopened journal resumes past it.
     {
       JournalOptions jo;
       jo.dir = mnt + "/journal";
       std::vector<uint64_t> flushed;
+      uint64_t floor = 0;
       {
         auto j = Journal::Open(jo);
         if (!j.ok()) {
@@ -138,16 +141,27 @@ TEST(DiskFaultsTest, FullTmpfsLosesNothingStored) {
         } else {
           std::string payload(1000 + rng() % 3000, 'p');
           for (uint64_t s = 1; s < 100000; ++s) {
-            if (!(*j)->Append(s, payload).ok()) break;
-            if (s % 4 == 0) {
-              if (!(*j)->Flush().ok()) break;
-              for (uint64_t k = s - 3; k <= s; ++k) flushed.push_back(k);
+            bool failed = !(*j)->Append(s, payload).ok();
+            if (!failed && s % 4 == 0) {
+              failed = !(*j)->Flush().ok();
+              if (!failed) {
+                for (uint64_t k = s - 3; k <= s; ++k) flushed.push_back(k);
+              }
+            }
+            if (failed) {
+              Status raised = (*j)->RaiseSeqFloor(s + 1);
+              EXPECT_TRUE(raised.ok()) << raised.ToString();
+              if (raised.ok()) floor = s + 1;
+              ok = ok && raised.ok();
+              break;
             }
           }
         }
       }
       auto j = Journal::Open(jo);
       if (j.ok()) {
+        ok = ok && (*j)->seq_floor() >= floor;
+        floors_total += floor > 0 ? 1 : 0;
         auto reader = (*j)->NewReader(0);
         ASSERT_TRUE(reader.ok());
         std::set<uint64_t> have;
@@ -175,11 +189,12 @@ TEST(DiskFaultsTest, FullTmpfsLosesNothingStored) {
                         trials,
                         "full stores are OutOfSpace per block and misses; every stored block loads "
                         "byte-exact; no temp file left; every flushed journal record is read back "
-                        "after reopening",
+                        "after reopening; the sequence floor is raised on the full disk and kept",
                         failures, seed,
                         std::to_string(stored_total) + " blocks stored, " +
                             std::to_string(full_total) + " refused full, " +
-                            std::to_string(records_total) + " flushed records checked"});
+                            std::to_string(records_total) + " flushed records checked, " +
+                            std::to_string(floors_total) + " floors raised full"});
 }
 
 TEST(DiskFaultsTest, ReadOnlyTmpfsServesWhatIsStoredAndRefusesClearly) {
