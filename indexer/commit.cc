@@ -154,8 +154,7 @@ Status Indexer::Impl::FoldRow(const LogRow& r) {
   auto done = [&](Stmt& st, const char* what) { return StepDone(db, st, path, what); };
   if (r.kind == kStore) {
     const size_t n = r.hashes.size();
-    const bool sliced =
-        r.block_size > 0 && !r.token_ids.empty() && r.token_ids.size() == n * r.block_size;
+    const bool sliced = r.TokensSliceIntoBlocks();
     std::string tokens;
     for (size_t i = 0; i < n; ++i) {
       int width = 0;

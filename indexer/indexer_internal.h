@@ -157,6 +157,16 @@ struct LogRow {
   std::vector<uint64_t> hashes;
   std::vector<uint64_t> content_keys;  // stores only; 0 = not content-keyed
   std::vector<int64_t> token_ids;      // stores only
+
+  // A store whose tokens are exactly `block_size` per hash, so each block's slice can be keyed.
+  // Division, not multiplication: a hostile block_size makes `hashes * block_size` wrap around to
+  // the token count (3 hashes, 2 tokens, block_size 6148914691236517206) and then a slice of
+  // ~10^19 tokens is read.
+  bool TokensSliceIntoBlocks() const {
+    return block_size > 0 && !token_ids.empty() &&
+           token_ids.size() % static_cast<uint64_t>(block_size) == 0 &&
+           token_ids.size() / static_cast<uint64_t>(block_size) == hashes.size();
+  }
 };
 
 inline std::string EncodeU64s(const std::vector<uint64_t>& v) {

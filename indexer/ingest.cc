@@ -282,8 +282,7 @@ void Indexer::Impl::KeyByContent(LogRow* r) {
   r->content_keys.assign(r->hashes.size(), 0);
   if (r->token_ids.empty()) {
     KeyPlaceholders(r);
-  } else if (r->block_size > 0 &&
-             r->token_ids.size() == r->hashes.size() * static_cast<size_t>(r->block_size)) {
+  } else if (r->TokensSliceIntoBlocks()) {
     KeyByTokens(r);
   } else {
     ++counters.content_mismatches;

@@ -106,6 +106,23 @@ TEST(DoctorTest, NamesTheBlockSizeBothWays) {
       << fine.report().detail;
 }
 
+// vLLM's Mamba-align events (vllm#44451): token_ids span the null blocks that block_hashes leave
+// out. 2 hashes with 3 blocks' tokens is not a misconfiguration: unverifiable, the state stays ok.
+// It used to be counted as a block-size mismatch (sticky; `kvo index doctor` exited 1).
+TEST(DoctorTest, MambaAlignEventsAreUnverifiableNotMismatched) {
+  HashParityDoctor d("hybrid", Config(HashAlgo::kSha256, "0", 16));
+  d.CheckStored(EngineStore(HashAlgo::kSha256, "0", 16, Tokens(32)));
+  ASSERT_EQ(d.report().state, ParityState::kOk);
+  BlockStored aligned = EngineStore(HashAlgo::kSha256, "0", 16, Tokens(48));
+  aligned.block_hashes.erase(aligned.block_hashes.begin() + 1);  // the skipped null block
+  aligned.parent_block_hash.reset();
+  d.CheckStored(aligned);
+  ParityReport r = d.report();
+  EXPECT_EQ(r.state, ParityState::kOk) << r.cause << ": " << r.detail;
+  EXPECT_EQ(r.mismatched_blocks, 0u);
+  EXPECT_EQ(r.unverifiable_blocks, 2u);
+}
+
 TEST(DoctorTest, NamesExtraKeys) {
   // The engine hashed with the LoRA name as extra key, but the event carries no extra keys.
   Value lora;

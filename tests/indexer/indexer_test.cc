@@ -767,6 +767,35 @@ TEST(IndexerBudgetTest, LeastRecentlyUsedDroppedCountedAndKeptInSqlite) {
 
 // Issue 10 item 11: a refused batch changes nothing. One naming 300 media used to leave ~252
 // phantom media registered, and every later block then cost ~41x the memory.
+// A block_size that makes `hashes * block_size` wrap around to the token count (3 hashes, 2
+// tokens, block_size 6148914691236517206: 3 * that = 2 mod 2^64) passed the old shape check, and
+// keying the first block's ~10^19 tokens threw std::length_error: `kvo index serve` aborted, and
+// again on every restart while the publisher still held the batch. Now it is a content mismatch.
+TEST(IndexerTest, AHostileBlockSizeIsAContentMismatchNotACrash) {
+  testing::TempDir dir;
+  auto idx = MustOpen(dir.path() + "/i.db");
+  BlockStored s;
+  s.block_hashes = {BlockHash::Uint(1), BlockHash::Uint(2), BlockHash::Uint(3)};
+  s.token_ids = {1, 2};
+  s.block_size = 6148914691236517206;
+  s.medium = "GPU";
+  auto out = idx->ApplyBatch("a", 0, 1, Batch({s}));
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_TRUE(out->applied);
+  EXPECT_EQ(idx->Stats().counters.content_mismatches, 1);
+  ASSERT_TRUE(idx->Compact().ok());  // the SQL fold slices tokens by the same rule
+  ScoreQuery q;
+  q.block_hashes = {1, 2};
+  auto r = idx->Score(q);
+  ASSERT_TRUE(r.ok());
+  ASSERT_NE(Find(*r, "a"), nullptr);
+  EXPECT_EQ(Find(*r, "a")->prefix_blocks, 2);
+  idx.reset();
+  auto again = MustOpen(dir.path() + "/i.db");  // and the file reopens
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(*again->LastSequence("a", 0), 1u);
+}
+
 TEST(IndexerTest, RefusedBatchLeavesNoTrace) {
   testing::TempDir dir;
   const auto t = Tokens(16 * 64, 5);
