@@ -70,7 +70,12 @@ void Indexer::Impl::ApplyRow(const LogRow& row, ApplyOutcome* out) {
       out->block_events += static_cast<int64_t>(row.hashes.size());
       break;
     case kClearAll:
-      mem.ClearWhere([inst](uint32_t i) { return i == inst; }, medium);
+      // A clear scans every holding in the index (there is no per-instance list), so one that
+      // finds nothing to clear is skipped: a batch of N clears used to hold the writer lock for
+      // N full scans (5,000 clears over 200k entries: 1 s of blocked queries).
+      if (mem.InstanceEntriesOn(inst, medium) > 0) {
+        mem.ClearWhere([inst](uint32_t i) { return i == inst; }, medium);
+      }
       ++counters.clears;
       break;
     default:

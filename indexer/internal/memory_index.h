@@ -160,6 +160,10 @@ class MemoryIndex {
   bool Hidden(uint32_t inst) const { return instances_[inst].hidden; }
   // Entries held by an instance (all media), kept up to date by every mutation.
   int64_t InstanceEntries(uint32_t inst) const;
+  // Entries an instance holds on one medium id.
+  int64_t InstanceEntriesOn(uint32_t inst, uint32_t medium) const {
+    return instances_[inst].entries[medium];
+  }
   void Touch(uint32_t node, uint32_t tick);
   // The LRU tick that Store gives the nodes it stores (the budget keeps recent stores).
   void set_store_tick(uint32_t tick) { store_tick_ = tick; }
