@@ -109,6 +109,11 @@ struct ApplyOutcome {
   bool applied = false;          // false: seq <= the stream's last sequence (already applied)
   int64_t block_events = 0;      // hashes carried by the applied events
   int64_t unknown_removals = 0;  // removals ignored because the stream did not hold the hash
+  // Events left out because they do not fit the index (a 17th residency, a 257th KV-cache group,
+  // a medium name over its bound); the batch's other events are applied. `refused_reason` names
+  // the first (bounded; empty when none).
+  int64_t refused_events = 0;
+  std::string refused_reason;
 };
 
 struct ScoreQuery {
@@ -210,6 +215,7 @@ struct IndexerCounters {
   int64_t placeholders_unresolved = 0;  // indexed by engine hash only
   int64_t unresolved_parents = 0;       // self-describing events whose parent's content was unknown
   int64_t content_mismatches = 0;       // token count not n_hashes * block_size: content not keyed
+  int64_t refused_events = 0;           // events that did not fit the index (ApplyOutcome)
   int64_t dropped_by_budget = 0;        // blocks dropped from memory by the byte budget
   int64_t flushes = 0;                  // committed transactions
   int64_t compactions = 0;              // compaction steps

@@ -327,9 +327,11 @@ struct Indexer::Impl {
     std::set<std::string> new_media;
     std::set<int64_t> new_groups;
   };
-  Result<std::vector<indexer_internal::LogRow>> ConvertBatch(std::string_view source,
-                                                             int64_t dp_rank, uint64_t seq,
-                                                             const EventBatch& batch, double now)
+  // The batch's events as log rows; an event that does not fit the index is left out and
+  // counted in *out (its first reason kept).
+  std::vector<indexer_internal::LogRow> ConvertBatch(std::string_view source, int64_t dp_rank,
+                                                     uint64_t seq, const EventBatch& batch,
+                                                     double now, ApplyOutcome* out)
       EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
   Status CheckRowFits(const indexer_internal::LogRow& r, std::string_view source, uint64_t seq,
                       BatchNeeds* needs) const EXCLUSIVE_LOCKS_REQUIRED(state_mu);

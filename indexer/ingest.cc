@@ -134,7 +134,7 @@ Result<Admission> Indexer::Impl::RunIngestSteps(std::string_view source, int64_t
     std::optional<uint32_t> known_sid;
     KVO_ASSIGN_OR_RETURN(const Admission admission, AdmitBatch(source, dp_rank, seq, &known_sid));
     if (admission != Admission::kApply) return admission;
-    KVO_ASSIGN_OR_RETURN(rows, ConvertBatch(source, dp_rank, seq, batch, now));
+    rows = ConvertBatch(source, dp_rank, seq, batch, now, out);
     KVO_ASSIGN_OR_RETURN(const uint32_t sid, RegisterBatch(source, known_sid, dp_rank, &rows));
     for (LogRow& r : rows) {
       KeyByContent(&r);  // reads the nodes the rows before it stored
@@ -216,15 +216,22 @@ LogRow ToLogRow(const KvEvent& ev, int64_t dp_rank, uint64_t seq, double ts, dou
 
 }  // namespace
 
-Result<std::vector<LogRow>> Indexer::Impl::ConvertBatch(std::string_view source, int64_t dp_rank,
-                                                        uint64_t seq, const EventBatch& batch,
-                                                        double now) {
+std::vector<LogRow> Indexer::Impl::ConvertBatch(std::string_view source, int64_t dp_rank,
+                                                uint64_t seq, const EventBatch& batch, double now,
+                                                ApplyOutcome* out) {
   std::vector<LogRow> rows;
   rows.reserve(batch.events.size());
   BatchNeeds needs;
   for (const KvEvent& ev : batch.events) {
     LogRow r = ToLogRow(ev, dp_rank, seq, batch.ts, now);
-    KVO_RETURN_IF_ERROR(CheckRowFits(r, source, seq, &needs));
+    // One event that does not fit is left out, not the batch: refusing the batch dropped its
+    // removals too (and the stream moves on to the next seq), leaving entries for blocks the
+    // engine had freed.
+    if (Status fits = CheckRowFits(r, source, seq, &needs); !fits.ok()) {
+      if (out->refused_events++ == 0) out->refused_reason = fits.message();
+      ++counters.refused_events;
+      continue;
+    }
     rows.push_back(std::move(r));
   }
   return rows;
@@ -238,24 +245,29 @@ Status Indexer::Impl::CheckRowFits(const LogRow& r, std::string_view source, uin
                                    (r.ownership.empty() ? "" : " and ownership") + " of " +
                                    std::to_string(key.size()) + " bytes (at most " +
                                    std::to_string(indexer_internal::kMaxMediumNameBytes) +
-                                   "); batch refused");
+                                   "); that event is left out");
   }
   if (r.medium.find(kOwnerSep) != std::string::npos ||
       r.ownership.find(kOwnerSep) != std::string::npos) {
     return Status::InvalidArgument("source '" + std::string(source) +
                                    "': a medium or ownership name holds a control "
-                                   "character (0x1f); batch refused");
+                                   "character (0x1f); that event is left out");
   }
-  if (mem.FindMedium(key) == UINT32_MAX) needs->new_media.insert(key);
-  if (mem.FindGroup(r.group) == UINT32_MAX) needs->new_groups.insert(r.group);
-  if (mem.medium_count() + needs->new_media.size() > indexer_internal::kMaxMedia ||
-      mem.group_count() + needs->new_groups.size() > indexer_internal::kMaxGroups) {
+  const bool new_medium = mem.FindMedium(key) == UINT32_MAX && !needs->new_media.contains(key);
+  const bool new_group =
+      mem.FindGroup(r.group) == UINT32_MAX && !needs->new_groups.contains(r.group);
+  if (mem.medium_count() + needs->new_media.size() + (new_medium ? 1 : 0) >
+          indexer_internal::kMaxMedia ||
+      mem.group_count() + needs->new_groups.size() + (new_group ? 1 : 0) >
+          indexer_internal::kMaxGroups) {
     return Status::OutOfRange(
         "source '" + std::string(source) + "': batch " + std::to_string(seq) +
-        " would exceed the index's " + std::to_string(indexer_internal::kMaxMedia) + " media or " +
-        std::to_string(indexer_internal::kMaxGroups) + " KV-cache groups (medium '" + r.medium +
-        "', group " + std::to_string(r.group) + "); batch refused, nothing applied");
+        ": an event would exceed the index's " + std::to_string(indexer_internal::kMaxMedia) +
+        " media or " + std::to_string(indexer_internal::kMaxGroups) + " KV-cache groups (medium '" +
+        r.medium + "', group " + std::to_string(r.group) + "); that event is left out");
   }
+  if (new_medium) needs->new_media.insert(key);
+  if (new_group) needs->new_groups.insert(r.group);
   return Status::Ok();
 }
 

@@ -240,6 +240,18 @@ void IndexerService::Impl::Apply(StreamState* s, const ReceivedBatch& b) {
     if (outcome->unknown_removals > 0) {
       s->metrics.unknown_removals->Increment(static_cast<double>(outcome->unknown_removals));
     }
+    if (outcome->refused_events > 0) {
+      s->metrics.apply_errors->Increment();
+      if (RepeatFilter::Decision d = s->refused_log.Note(outcome->refused_reason); d.log) {
+        KVO_LOG_WARN(
+            "source '{}' rank {}: batch seq {}: {} event(s) left out, the rest applied: {}{}",
+            s->stream.source, s->stream.dp_rank, b.seq, outcome->refused_events,
+            outcome->refused_reason, d.Describe());
+      }
+      MutexLock lock(&s->mu);
+      ++s->status.apply_errors;
+      s->status.last_error = outcome->refused_reason;
+    }
   }
   s->metrics.last_seq->Set(static_cast<double>(b.seq));
   MutexLock lock(&s->mu);

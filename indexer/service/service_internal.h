@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/repeat_filter.h"
 #include "events/zmq_subscriber.h"
 #include "indexer/service/discovery.h"
 #include "indexer/service/doctor.h"
@@ -106,7 +107,8 @@ inline constexpr StreamRow<Counter> kStreamCounters[] = {
      &StreamMetrics::decode_errors},
     {"kvo_indexer_malformed_messages", "Malformed bus messages (dropped)",
      &StreamMetrics::malformed},
-    {"kvo_indexer_apply_errors", "Batches the index refused", &StreamMetrics::apply_errors},
+    {"kvo_indexer_apply_errors", "Batches the index refused, in whole or in part (events left out)",
+     &StreamMetrics::apply_errors},
     {"kvo_indexer_unknown_removals", "Removals of hashes the stream did not hold",
      &StreamMetrics::unknown_removals},
     {"kvo_indexer_replay_failures", "Replays timed out or abandoned (nothing lost by itself)",
@@ -156,6 +158,7 @@ struct StreamState {
   double last_batch_ts GUARDED_BY(mu) = 0;
   int64_t last_activity_ns GUARDED_BY(mu) = 0;  // 0: never
   bool rank_mismatch_logged = false;            // stream thread only
+  RepeatFilter refused_log;                     // events the index left out; stream thread only
 };
 
 }  // namespace service_internal
