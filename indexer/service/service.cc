@@ -680,7 +680,9 @@ Result<std::unique_ptr<IndexerService>> IndexerService::Start(const IndexerConfi
       std::thread::hardware_concurrency() >= options.list_helper_min_cpus) {
     // The handler, the I/O thread, the key helper's two threads and this one: cores for each.
     ListHelper::Options lo;
-    lo.threads = std::max(options.list_helper_threads, 1u);
+    lo.threads = options.list_helper_threads > 0
+                     ? options.list_helper_threads
+                     : (std::thread::hardware_concurrency() >= 16 ? 3u : 1u);
     lo.takeover_after_ns = options.list_helper_patience_ns;
     lo.clock = impl->clock;
     impl->list_helper = std::make_unique<ListHelper>(std::move(lo));

@@ -60,9 +60,9 @@ struct ServiceOptions {
   // (ListHelper).
   bool parallel_list_parse = true;
   unsigned list_helper_min_cpus = 8;  // tests: 1
-  // The list helper's threads beside the handler. One until more are measured on a 16-core
-  // host (the bench's KVO_BENCH_LIST_HELPERS=N; indexer/DESIGN.md).
-  unsigned list_helper_threads = 1;
+  // The list helper's threads beside the handler; 0: three on 16 CPUs or more, else one
+  // (measured on a 16-core host: indexer/DESIGN.md; the bench's KVO_BENCH_LIST_HELPERS=N).
+  unsigned list_helper_threads = 0;
   // How long a /query waits for a helper thread that makes no progress before doing the helper's
   // part itself; the helper's leftovers are waited for once the answer is out. Each is about what
   // the part costs the handler (a list chunk: ~10 us; the keys the helper had not hashed and the
