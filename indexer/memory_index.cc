@@ -121,7 +121,23 @@ void MemoryIndex::FreeNode(uint32_t node) {
   Node& n = nodes_[node];
   by_engine_.Erase(n.engine_hash);
   if (n.content_key != 0) {
-    if (n.content_owner != 0) by_content_.Erase(n.content_key);
+    auto [first, last] = content_sharers_.equal_range(n.content_key);
+    if (n.content_owner != 0) {
+      by_content_.Erase(n.content_key);
+      if (first != last) {  // a node with the same content under another hash takes it over
+        const uint32_t heir = first->second;
+        content_sharers_.erase(first);
+        by_content_.Insert(nodes_[heir].content_key, heir);
+        nodes_[heir].content_owner = 1;
+      }
+    } else {
+      for (auto it = first; it != last; ++it) {
+        if (it->second == node) {
+          content_sharers_.erase(it);
+          break;
+        }
+      }
+    }
   }
   std::fill_n(Row(node, 0), media_slots_ * words_, 0);
   n = Node{};
@@ -152,6 +168,8 @@ bool MemoryIndex::Store(uint32_t inst, uint32_t medium, uint32_t group, uint64_t
       if (by_content_.Find(content_key) == nullptr) {
         by_content_.Insert(content_key, node);
         n.content_owner = 1;
+      } else {
+        content_sharers_.emplace(content_key, node);
       }
     } else if (n.content_key != content_key) {
       *conflict = true;
@@ -587,13 +605,14 @@ bool MemoryIndex::InstanceHolds(uint32_t node, uint32_t inst) const {
 size_t MemoryIndex::AllocatedBytes() const {
   return nodes_.capacity() * sizeof(Node) + bits_.capacity() * sizeof(uint64_t) +
          free_nodes_.capacity() * sizeof(uint32_t) + by_engine_.bytes() + by_content_.bytes() +
-         holdings_.bytes() + instance_by_key_.bytes();
+         holdings_.bytes() + instance_by_key_.bytes() + content_sharers_.size() * kSharerBytes;
 }
 
 size_t MemoryIndex::BudgetBytes() const {
   const size_t per_node = sizeof(Node) + media_slots_ * words_ * sizeof(uint64_t) +
                           2 * FlatTable<uint32_t>::kSlotBytes * 2;
-  return live_nodes_ * per_node + holdings_.size() * FlatTable<uint64_t>::kSlotBytes * 2;
+  return live_nodes_ * per_node + holdings_.size() * FlatTable<uint64_t>::kSlotBytes * 2 +
+         content_sharers_.size() * kSharerBytes;
 }
 
 int64_t MemoryIndex::EvictTo(size_t target_bytes) {

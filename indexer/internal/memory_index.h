@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -282,6 +283,11 @@ class MemoryIndex {
   size_t live_nodes_ = 0;
   FlatTable<uint32_t> by_engine_;
   FlatTable<uint32_t> by_content_;
+  // Nodes whose content key another node owns in by_content_ (the same tokens under another
+  // engine hash: another hash algorithm or seed). Rare; when the owner is freed one of them takes
+  // the key over, so token queries still find the content.
+  std::unordered_multimap<uint64_t, uint32_t> content_sharers_;
+  static constexpr size_t kSharerBytes = 48;  // a node of the multimap and its bucket, about
   FlatTable<uint64_t> holdings_;
   std::vector<uint64_t> bits_;
   size_t words_ = 1;

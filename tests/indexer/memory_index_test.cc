@@ -240,6 +240,45 @@ TEST(MemoryIndexWalkTest, AHintToAFreedNodeIsNotFollowed) {
   EXPECT_EQ(got[0], (Tiers{2, 2, 2}));
 }
 
+// Two nodes with one content key (the same tokens under two engine hashes: two engines with
+// different hash settings). When the node that owns the key in the content table is freed, the
+// other takes the key over: token queries used to stop finding the content at all (the indexer's
+// by-hash answer still had it), and a reopen, which rebuilds the table, answered differently.
+TEST(MemoryIndexTest, AFreedContentOwnerHandsItsKeyToANodeWithTheSameContent) {
+  MemoryIndex mem;
+  const uint32_t a = mem.InstanceId(0, 0);
+  const uint32_t b = mem.InstanceId(1, 0);
+  bool conflict = false;
+  uint32_t n100 = kNoNode, n200 = kNoNode, n300 = kNoNode;
+  constexpr uint64_t kKey = 0xC0FFEE;
+  mem.Store(a, 0, 0, /*engine_hash=*/100, kKey, 16, 1, 1, &conflict, &n100);
+  mem.Store(b, 0, 0, 200, kKey, 16, 1, 1, &conflict, &n200);
+  mem.Store(b, 0, 0, 300, kKey, 16, 2, 1, &conflict, &n300);
+  ASSERT_FALSE(conflict);
+  ASSERT_EQ(mem.NodeByContent(kKey), n100);
+  ASSERT_TRUE(mem.Remove(a, 0, 0, 100));  // the owner is freed
+  const uint32_t heir = mem.NodeByContent(kKey);
+  ASSERT_TRUE(heir == n200 || heir == n300) << heir;
+  const std::vector<uint64_t> keys = {kKey};
+  BlockKeys given = BlockKeys::Given(keys);
+  std::vector<Tiers> got = mem.TieredScore(given, false, {~uint64_t{0}}, {0, 1, 2});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[b], (Tiers{1, 1, 1}));
+  // The heir freed too: the last sharer owns the key; then none is left.
+  ASSERT_TRUE(mem.Remove(b, 0, 0, heir == n200 ? 200 : 300));
+  const uint32_t last = heir == n200 ? n300 : n200;
+  EXPECT_EQ(mem.NodeByContent(kKey), last);
+  ASSERT_TRUE(mem.Remove(b, 0, 0, heir == n200 ? 300 : 200));
+  EXPECT_EQ(mem.NodeByContent(kKey), kNoNode);
+  // A freed sharer (not the owner) leaves the owner in place.
+  mem.Store(a, 0, 0, 400, kKey, 16, 3, 1, &conflict, &n100);
+  mem.Store(b, 0, 0, 500, kKey, 16, 3, 1, &conflict, &n200);
+  ASSERT_TRUE(mem.Remove(b, 0, 0, 500));
+  EXPECT_EQ(mem.NodeByContent(kKey), n100);
+  ASSERT_TRUE(mem.Remove(a, 0, 0, 400));
+  EXPECT_EQ(mem.NodeByContent(kKey), kNoNode);
+}
+
 // The walks count how they found each block: through the previous block's hint or the table
 // (kvo_indexer_walk_blocks). A wrong hint costs one lookup, and the walk that found it wrong
 // mends it.
