@@ -327,8 +327,10 @@ Status Indexer::Impl::Load() {
     // ingest does. A parent with several children hints at the last one read.
     std::vector<std::pair<uint64_t, uint32_t>> parent_of;
     int rc;
+    int64_t loaded = 0;
     while ((rc = q.Step()) == SQLITE_ROW) {
       if (cleared(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1))) continue;
+      LoadStep(++loaded);
       const uint32_t inst = mem.InstanceId(static_cast<uint32_t>(q.ColInt(0)), q.ColInt(1));
       const uint32_t medium = mem.MediumId(ResidencyKey(q.ColText(2), q.ColText(9)));
       const uint32_t group = mem.GroupId(q.ColInt(3));
@@ -365,6 +367,7 @@ Status Indexer::Impl::Load() {
       LogRow r = ReadLogRow(q, &id);
       ++rows;
       if (cleared(r.source_id, r.dp_rank)) continue;
+      LoadStep(rows);
       ApplyOutcome ignored;
       ApplyRow(r, &ignored);
     }
@@ -374,9 +377,21 @@ Status Indexer::Impl::Load() {
   }
   const int64_t dropped = counters.dropped_by_budget;
   counters = IndexerCounters{};
+  load_peak_bytes = std::max(load_peak_bytes, mem.BudgetBytes());
   EvictIfNeeded();
   counters.dropped_by_budget += dropped;
   return Status::Ok();
+}
+
+void Indexer::Impl::LoadStep(int64_t row) {
+  // The byte budget holds while the file is read, not only once it is: a file many times the
+  // budget (SQLite keeps what the budget dropped) used to be read into memory whole first. Rows
+  // read later are newer (the log after `blocks`), so each chunk gets a later LRU tick and the
+  // budget drops the earliest read first.
+  if (row % kLoadChunkRows != 0) return;
+  mem.set_store_tick(tick.fetch_add(1, std::memory_order_relaxed) + 1);
+  load_peak_bytes = std::max(load_peak_bytes, mem.BudgetBytes());
+  EvictIfNeeded();
 }
 
 Indexer::Indexer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

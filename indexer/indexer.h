@@ -234,6 +234,9 @@ struct IndexerStats {
   int64_t entries_in_memory = 0;  // (stream, medium, group, block) entries
   size_t memory_bytes = 0;        // resident bytes of the scoring structure
   size_t memory_budget_bytes = 0;
+  // The scoring structure's largest size (budget accounting) while the file was opened: the
+  // budget holds during the load, within one chunk of 1,024 rows.
+  size_t load_peak_bytes = 0;
   size_t sqlite_cache_bytes = 0;    // the page cache's share of the budget
   int64_t sqlite_memory_bytes = 0;  // what SQLite holds now (process-wide: sqlite3_memory_used)
   int64_t log_rows_pending = 0;     // log rows not yet compacted

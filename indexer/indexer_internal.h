@@ -300,6 +300,11 @@ struct Indexer::Impl {
   std::atomic<int64_t> log_rows_pending{0};
   mutable std::atomic<int64_t> scores{0};
   mutable std::atomic<uint32_t> tick{1};
+  // Load: every kLoadChunkRows rows read, a later LRU tick and the byte budget applied
+  // (LoadStep); load_peak_bytes is the scoring structure's largest budget size meanwhile.
+  static constexpr int64_t kLoadChunkRows = 1024;
+  size_t load_peak_bytes GUARDED_BY(state_mu) = 0;
+  void LoadStep(int64_t row) EXCLUSIVE_LOCKS_REQUIRED(state_mu);
 
   Mutex bg_mu;
   CondVar bg_cv{&bg_mu};

@@ -338,6 +338,7 @@ IndexerStats Indexer::Stats() const {
     st.blocks_in_memory = static_cast<int64_t>(d.mem.node_count());
     st.entries_in_memory = static_cast<int64_t>(d.mem.entry_count());
     st.memory_bytes = d.mem.AllocatedBytes();
+    st.load_peak_bytes = d.load_peak_bytes;
   }
   st.counters.scores = d.scores.load();
   st.memory_budget_bytes = d.opt.memory_budget_bytes;
