@@ -16,14 +16,15 @@ uint32_t Intern(std::vector<T>* table, const T& value) {
 
 }  // namespace
 
-KvEventFold::KvEventFold() : media_{kMediumGpu}, residencies_{std::string()} {
+KvEventFold::KvEventFold()
+    : media_{kMediumGpu}, residencies_{std::string()}, owners_{std::string()} {
   counts_.max_load_factor(0.5f);
 }
 
 size_t KvEventFold::KeyHash::operator()(const Key& k) const {
   uint64_t h = k.hash ^ (static_cast<uint64_t>(k.group) * 0x9e3779b97f4a7c15ULL) ^
                (static_cast<uint64_t>(k.stream) << 40) ^ (static_cast<uint64_t>(k.medium) << 20) ^
-               k.residency;
+               k.residency ^ (static_cast<uint64_t>(k.ownership) << 8);
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
   h ^= h >> 33;
@@ -59,6 +60,11 @@ uint32_t KvEventFold::ResidencyId(const std::optional<std::string>& locality) {
   return static_cast<uint32_t>(residencies_.size() - 1);
 }
 
+uint32_t KvEventFold::OwnershipId(const std::optional<std::string>& ownership) {
+  if (!ownership.has_value() || ownership->empty()) return 0;
+  return Intern(&owners_, *ownership);
+}
+
 void KvEventFold::Apply(const EventStream& stream, const EventBatch& batch) {
   ++batches_;
   for (const KvEvent& e : batch.events) Apply(stream, e);
@@ -67,7 +73,12 @@ void KvEventFold::Apply(const EventStream& stream, const EventBatch& batch) {
 void KvEventFold::Apply(const EventStream& stream, const KvEvent& event) {
   const uint32_t sid = StreamId(stream);
   if (const auto* s = std::get_if<BlockStored>(&event)) {
-    Key k{sid, MediumId(s->medium), ResidencyId(s->locality), s->group_idx.value_or(0), 0};
+    Key k{sid,
+          MediumId(s->medium),
+          ResidencyId(s->locality),
+          OwnershipId(s->ownership),
+          s->group_idx.value_or(0),
+          0};
     for (const BlockHash& h : s->block_hashes) {
       k.hash = h.Low64();
       ++counts_[k];
@@ -75,7 +86,12 @@ void KvEventFold::Apply(const EventStream& stream, const KvEvent& event) {
     return;
   }
   if (const auto* r = std::get_if<BlockRemoved>(&event)) {
-    Key k{sid, MediumId(r->medium), ResidencyId(r->locality), r->group_idx.value_or(0), 0};
+    Key k{sid,
+          MediumId(r->medium),
+          ResidencyId(r->locality),
+          OwnershipId(r->ownership),
+          r->group_idx.value_or(0),
+          0};
     for (const BlockHash& h : r->block_hashes) {
       k.hash = h.Low64();
       auto it = counts_.find(k);
@@ -87,9 +103,10 @@ void KvEventFold::Apply(const EventStream& stream, const KvEvent& event) {
     }
     return;
   }
-  // AllBlocksCleared: the stream's GPU entries (medium id 0), nothing else.
-  std::erase_if(counts_,
-                [sid](const auto& kv) { return kv.first.stream == sid && kv.first.medium == 0; });
+  // AllBlocksCleared: the stream's GPU entries (medium id 0) that no tier owns, nothing else.
+  std::erase_if(counts_, [sid](const auto& kv) {
+    return kv.first.stream == sid && kv.first.medium == 0 && kv.first.ownership == 0;
+  });
 }
 
 void KvEventFold::ClearStream(const EventStream& stream) {
@@ -110,6 +127,7 @@ FoldEntry KvEventFold::EntryOf(const Key& k, int64_t count) const {
   e.group = k.group;
   e.hash = k.hash;
   if (k.residency != 0) e.residency = residencies_[k.residency];
+  e.ownership = owners_[k.ownership];
   e.refcount = count;
   return e;
 }
@@ -119,8 +137,8 @@ std::vector<FoldEntry> KvEventFold::Entries() const {
   out.reserve(counts_.size());
   for (const auto& [k, n] : counts_) out.push_back(EntryOf(k, n));
   std::sort(out.begin(), out.end(), [](const FoldEntry& a, const FoldEntry& b) {
-    return std::tie(a.stream, a.medium, a.group, a.hash, a.residency) <
-           std::tie(b.stream, b.medium, b.group, b.hash, b.residency);
+    return std::tie(a.stream, a.medium, a.group, a.hash, a.residency, a.ownership) <
+           std::tie(b.stream, b.medium, b.group, b.hash, b.residency, b.ownership);
   });
   return out;
 }
@@ -146,7 +164,7 @@ int64_t KvEventFold::Count(const EventStream& stream, std::string_view medium, i
     if (r == residencies_.end()) return 0;
     rid = static_cast<uint32_t>(r - residencies_.begin());
   }
-  auto it = counts_.find(Key{*sid, static_cast<uint32_t>(m - media_.begin()), rid, group, hash});
+  auto it = counts_.find(Key{*sid, static_cast<uint32_t>(m - media_.begin()), rid, 0, group, hash});
   return it == counts_.end() ? 0 : it->second;
 }
 

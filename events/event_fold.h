@@ -1,16 +1,21 @@
 // KvEventFold: the one meaning of a sequence of KV events (schemas/kv_events.md, "Semantics").
 //
 // The state is a reference count per (stream, medium, group, hash, residency):
-//   - BlockStored adds 1 to (stream, medium, group, h, locality) for every listed hash h;
+//   - BlockStored adds 1 to (stream, medium, group, h, locality, ownership) for every listed
+//     hash h;
 //   - BlockRemoved subtracts 1 for every listed hash h (a hash listed twice, twice); a removal of
 //     an entry the stream does not hold is ignored (vLLM: consumers reference-count and ignore
 //     removals of unknown hashes) and counted in unknown_removals();
-//   - AllBlocksCleared drops every GPU entry of the stream, and nothing else (vLLM emits it from
-//     reset_prefix_cache(); it does not clear the CPU or storage tiers, and its consumers read it
-//     so).
+//   - AllBlocksCleared drops every GPU entry of the stream that no secondary tier owns (ownership
+//     unset or empty: the framework's copy), and nothing else (vLLM emits it from
+//     reset_prefix_cache(); it does not clear the CPU or storage tiers, nor a tier's own copy, and
+//     its consumers read it so; kvo's indexer does the same).
 // A missing medium is GPU (vLLM's events before #19737), a missing group is 0, the hash is its
 // 64-bit wire form (BlockHash::Low64()), the residency is the event's `locality` (LOCAL, REMOTE or
-// unset): a block held by a local and a remote tier of one medium is two entries.
+// unset): a block held by a local and a remote tier of one medium is two entries. So is a block
+// held by the framework and by a secondary tier that names itself in `ownership` (vLLM's KVCR
+// tier: "kvcr"); an unset and an empty ownership are the same (the framework's), as in kvo's
+// indexer, whose residency is the medium and ownership (it ignores locality).
 //
 // Consumers that ignore locality (kvo's indexer, vLLM's routers) hold the same counts summed over
 // residency (ByBlock); they agree with the fold as long as a publisher removes a block with the
@@ -53,6 +58,7 @@ struct FoldEntry {
   int64_t group = 0;
   uint64_t hash = 0;
   std::optional<std::string> residency;  // the events' locality
+  std::string ownership;                 // the events' ownership ("": unset, the framework's)
   int64_t refcount = 0;                  // > 0
   friend bool operator==(const FoldEntry&, const FoldEntry&) = default;
 };
@@ -84,11 +90,11 @@ class KvEventFold {
   void ClearStream(const EventStream& stream);
   void ClearSource(std::string_view source);
 
-  // Every held entry, sorted by (stream, medium, group, hash, residency).
+  // Every held entry, sorted by (stream, medium, group, hash, residency, ownership).
   std::vector<FoldEntry> Entries() const;
   // The counts summed over residency, optionally of one medium only.
   BlockCounts ByBlock(std::optional<std::string_view> medium = std::nullopt) const;
-  // The count of one entry (0 when not held).
+  // The count of one entry of the framework's copy (ownership unset; 0 when not held).
   int64_t Count(const EventStream& stream, std::string_view medium, int64_t group, uint64_t hash,
                 const std::optional<std::string>& residency) const;
   size_t size() const { return counts_.size(); }
@@ -101,6 +107,7 @@ class KvEventFold {
     uint32_t stream;
     uint32_t medium;
     uint32_t residency;  // 0: unset
+    uint32_t ownership;  // 0: unset or empty
     int64_t group;
     uint64_t hash;
     friend bool operator==(const Key&, const Key&) = default;
@@ -111,6 +118,7 @@ class KvEventFold {
   uint32_t StreamId(const EventStream& stream);
   uint32_t MediumId(const std::optional<std::string>& medium);
   uint32_t ResidencyId(const std::optional<std::string>& locality);
+  uint32_t OwnershipId(const std::optional<std::string>& ownership);
   std::optional<uint32_t> FindStream(const EventStream& stream) const;
   FoldEntry EntryOf(const Key& k, int64_t count) const;
 
@@ -118,6 +126,7 @@ class KvEventFold {
   std::vector<EventStream> streams_;
   std::vector<std::string> media_;        // media_[0] == "GPU"
   std::vector<std::string> residencies_;  // residencies_[0]: unset (empty)
+  std::vector<std::string> owners_;       // owners_[0]: unset or empty
   uint64_t batches_ = 0;
   uint64_t unknown_removals_ = 0;
 };

@@ -82,6 +82,34 @@ TEST(KvEventFoldTest, ResidencyIsPartOfTheEntry) {
   EXPECT_EQ(by.begin()->second, 2);
 }
 
+// A secondary tier's own copy (`ownership`, vLLM's KVCR tier: "kvcr") is its own residency: a
+// removal of the framework's copy does not touch it, and AllBlocksCleared (the framework's
+// reset_prefix_cache) leaves it, as kvo's indexer does. The fold used to ignore ownership: it
+// decremented the tier's copy on the framework's removal and cleared it on a reset.
+TEST(KvEventFoldTest, OwnershipIsItsOwnResidencyAndSurvivesAClear) {
+  KvEventFold f;
+  BlockStored tier = Stored({7}, "GPU");
+  tier.ownership = "kvcr";
+  f.Apply(kA, tier);
+  f.Apply(kA, Stored({8}, "GPU"));
+  BlockStored empty_owner = Stored({9}, "GPU");
+  empty_owner.ownership = "";  // the same as unset: the framework's
+  f.Apply(kA, empty_owner);
+  f.Apply(kA, Removed({7}, "GPU"));  // the framework never held 7
+  EXPECT_EQ(f.unknown_removals(), 1u);
+  ASSERT_EQ(f.size(), 3u);
+  f.Apply(kA, AllBlocksCleared{});
+  const std::vector<FoldEntry> left = f.Entries();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].hash, 7u);
+  EXPECT_EQ(left[0].ownership, "kvcr");
+  BlockRemoved rm = Removed({7}, "GPU");
+  rm.ownership = "kvcr";
+  f.Apply(kA, rm);
+  EXPECT_EQ(f.size(), 0u);
+  EXPECT_EQ(f.unknown_removals(), 1u);
+}
+
 TEST(KvEventFoldTest, EntriesAreSortedAndStreamsClearIndependently) {
   KvEventFold f;
   f.Apply(kB, Stored({2}, "CPU"));
