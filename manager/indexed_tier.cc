@@ -304,6 +304,20 @@ Status IndexedTier::SubmitLoad(const TierJob& job) {
   return Status::Ok();
 }
 
+void IndexedTier::HoldForPromotion(const OffloadKey& key) {
+  // A key no longer ready (a stale async verdict) is not held: its load fails at SubmitLoad.
+  if (index_.Pin(key)) ++promised_[key];
+}
+
+void IndexedTier::ReleasePromotion(std::span<const OffloadKey> keys) {
+  for (const OffloadKey& key : keys) {
+    auto it = promised_.find(key);
+    if (it == promised_.end()) continue;
+    index_.Unpin(key);
+    if (--it->second == 0) promised_.erase(it);
+  }
+}
+
 void IndexedTier::TakeFinished(std::vector<JobResult>* out) {
   for (JobResult& r : ready_results_) out->push_back(std::move(r));
   ready_results_.clear();

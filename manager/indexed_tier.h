@@ -5,8 +5,9 @@
 //   BoundedTierIndex  what the tier holds, within a byte budget, victims chosen by a CachePolicy.
 //   IndexedTier       the SecondaryTier: lookups from the index, stores that make room by
 //                     evicting (STORAGE removals, reason "evicted") and land as STORAGE stored
-//                     events, loads that pin their blocks, and loads that find a block corrupt
-//                     drop it (STORAGE removal, reason "failed").
+//                     events, loads that pin their blocks (from the moment the promotion is
+//                     promised, HoldForPromotion), and loads that find a block corrupt drop it
+//                     (STORAGE removal, reason "failed").
 //
 // Thread-compatible (the OffloadManager's thread). A transport may finish jobs on its own threads
 // and must then make TakeFinished/Drain thread-safe itself.
@@ -112,6 +113,8 @@ class IndexedTier final : public SecondaryTier {
   LookupResult Lookup(const OffloadKey& key, const RequestContext& ctx) override;
   Status SubmitStore(const TierJob& job) override;
   Status SubmitLoad(const TierJob& job) override;
+  void HoldForPromotion(const OffloadKey& key) override;
+  void ReleasePromotion(std::span<const OffloadKey> keys) override;
   void TakeFinished(std::vector<JobResult>* out) override;
   void Drain() override { transport_->Drain(); }
   void TakeEvents(std::vector<OffloadingEvent>* out) override;
@@ -146,6 +149,8 @@ class IndexedTier final : public SecondaryTier {
   std::vector<OffloadingEvent> events_;
   std::vector<JobResult> scratch_;
   uint64_t stores_rejected_ = 0;
+  // Keys pinned by HoldForPromotion, with the number of holds (released by ReleasePromotion).
+  std::unordered_map<OffloadKey, uint32_t, OffloadKeyHash> promised_;
   // async_lookup: per key, the verdict (unset while its check runs) and the requests that asked;
   // per request, the keys it asked for; the keys whose check started this step.
   struct Verdict {

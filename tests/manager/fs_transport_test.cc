@@ -149,6 +149,35 @@ TEST_F(FsTransportTest, StoreEvictRestartAndLoadBack) {
   EXPECT_EQ(manager_->Lookup(K(0), Ctx()), LookupResult::kMiss);
 }
 
+// A promised hit (HIT_PENDING) keeps its disk block until the load is submitted: a store in the
+// same step that needs room on the full disk tier evicts another block, not the promised one.
+TEST_F(FsTransportTest, PromisedBlockIsNotEvictedByAStoreInTheSameStep) {
+  disk_blocks_ = 5;
+  auto m = OffloadManager::Create(Build());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(m).value();
+  for (int i = 0; i < 5; ++i) Store(i);  // disk: 0..4 (0 its LRU block); CPU: 1..4
+  const OffloadKey k0 = K(0);
+  ASSERT_EQ(manager_->Lookup(k0, Ctx()), LookupResult::kHitPending);
+  // Same step: a store of 5 cascades to the full disk tier, which must make room.
+  const OffloadKey k5 = K(5);
+  auto out = manager_->PrepareStore(std::span<const OffloadKey>(&k5, 1), Ctx());
+  ASSERT_TRUE(out.ok() && out->has_value());
+  for (uint64_t b = 0; b < kRow; ++b) Row((*out)->slots[0])[b] = Byte(5, b);
+  ASSERT_TRUE(manager_->CompleteStore(std::span<const OffloadKey>(&k5, 1), Ctx(), true).ok());
+  Step();  // submits the promotion of 0 and collects it
+  EXPECT_EQ(manager_->GetStats().promotion_job_failures, 0u);
+  ASSERT_EQ(manager_->Lookup(k0, Ctx()), LookupResult::kHit);
+  auto slots = manager_->PrepareLoad(std::span<const OffloadKey>(&k0, 1), Ctx());
+  ASSERT_TRUE(slots.ok());
+  for (uint64_t b = 0; b < kRow; ++b) ASSERT_EQ(Row((*slots)[0])[b], Byte(0, b)) << b;
+  ASSERT_TRUE(manager_->CompleteLoad(std::span<const OffloadKey>(&k0, 1), Ctx()).ok());
+  std::set<std::string> want;  // 1 (the unpinned LRU block) made room for 5
+  for (int i : {0, 2, 3, 4, 5}) want.insert(K(i).Hex());
+  EXPECT_EQ(OnDisk(), want);
+  EXPECT_TRUE(tier_->index().CheckInvariants().ok());
+}
+
 TEST_F(FsTransportTest, CorruptFileIsALostKeyRemovedFromDiskAndIndex) {
   disk_blocks_ = 16;
   auto m = OffloadManager::Create(Build());

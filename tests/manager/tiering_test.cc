@@ -654,6 +654,23 @@ TEST_F(IndexedTierTest, PromotionThroughTheTierAndACorruptBlockIsDroppedAndPubli
   EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m_).ok());
 }
 
+// A promotion promised by a lookup holds its block until the load is submitted; a reset that drops
+// the promotion unsubmitted releases the hold (else the block stays pinned and the full tier
+// rejects every later store).
+TEST_F(IndexedTierTest, AResetReleasesTheHoldOfAnUnsubmittedPromotion) {
+  transport_->Put(K(0));
+  transport_->Put(K(1));
+  Build(2, 4);
+  ASSERT_EQ(m_->Lookup(K(0), kCtx), LookupResult::kHitPending);
+  m_->ResetCache();  // the promotion is dropped before the step's end
+  Store(Range(2, 3));
+  Store(Range(3, 4));  // room again for both: 0 and 1 are evictable
+  EXPECT_EQ(tier_->stores_rejected(), 0u);
+  EXPECT_EQ(tier_->index().size(), 2u);
+  EXPECT_EQ(transport_->deleted.size(), 2u);
+  EXPECT_TRUE(tier_->index().CheckInvariants().ok());
+}
+
 TEST_F(IndexedTierTest, StartupTrimsTheMediumToTheBudget) {
   for (int i = 0; i < 5; ++i) transport_->Put(K(i));
   Build(3);
