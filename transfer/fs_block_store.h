@@ -70,6 +70,12 @@ struct FsJobResult : JobResultFields {
   std::vector<FsBlockResult> blocks;  // co-indexed with the job's keys
 };
 
+// The age (now - mtime) from which Scan removes a temp file ("*.tmp"). root_dir is shared by
+// design (vLLM engines and other kvo engines write temp + rename there), so a younger temp file
+// may be another writer's store in flight and is left alone; an hour is far beyond any single
+// block write, so what is older was left by a crash.
+inline constexpr double kFsStaleTempSeconds = 3600;
+
 struct FsScanResult {
   std::vector<FsBlockKey> blocks;     // well-formed .bin files of this tier's rank directory
   std::vector<std::string> problems;  // "<relative path>: <why>" for what was skipped or removed
@@ -101,11 +107,11 @@ class FsBlockStore {
   bool Exists(const FsBlockKey& key);
   // Removes blocks (and records); ok when absent.
   Status Delete(const FsBlockKey& key);
-  // Walks this tier's rank directory: validates every name, removes stale temp files (older than
-  // `temp_age_seconds`; 0 removes all — only when no other writer shares the directory) and
+  // Walks this tier's rank directory: validates every name, removes stale temp files (at least
+  // `temp_age_seconds` old; 0 removes all — only when no other writer shares the directory) and
   // .bin files whose size is not row_stride, and lists the rest. Symlinks are reported, never
   // followed.
-  Result<FsScanResult> Scan(double temp_age_seconds = 0);
+  Result<FsScanResult> Scan(double temp_age_seconds = kFsStaleTempSeconds);
 
   // Loads that found a damaged file (size, short read, checksum, malformed record, symlink,
   // FIFO ...) / a whole file whose record names another block. Both removed and served as misses.

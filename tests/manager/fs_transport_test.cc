@@ -4,10 +4,13 @@
 // blocks promote back byte-exact; a corrupted file is a lost key, removed and announced.
 #include "manager/fs_transport.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -176,6 +179,35 @@ TEST_F(FsTransportTest, PromisedBlockIsNotEvictedByAStoreInTheSameStep) {
   for (int i : {0, 2, 3, 4, 5}) want.insert(K(i).Hex());
   EXPECT_EQ(OnDisk(), want);
   EXPECT_TRUE(tier_->index().CheckInvariants().ok());
+}
+
+// root_dir is shared (vLLM engines, other kvo engines write temp + rename there): the startup
+// scan removes only temp files older than kFsStaleTempSeconds, never another writer's fresh one.
+TEST_F(FsTransportTest, StartupRemovesOnlyStaleTempFiles) {
+  auto m = OffloadManager::Create(Build());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(m).value();
+  Store(0);
+  const std::string bin = dir_.path() + "/" +
+                          FsBlockRelativePath(transport_->store().namespace_name(), 0,
+                                              *FsBlockKeyFromDigest(K(0).digest(), 0));
+  const std::string fresh = bin + "_111.tmp";  // another engine's write in flight
+  const std::string stale = bin + "_222.tmp";  // left by a crash two hours ago
+  std::ofstream(fresh) << "partial";
+  std::ofstream(stale) << "partial";
+  timespec times[2];
+  times[0].tv_sec = times[1].tv_sec = ::time(nullptr) - 2 * 3600;
+  times[0].tv_nsec = times[1].tv_nsec = 0;
+  ASSERT_EQ(::utimensat(AT_FDCWD, stale.c_str(), times, 0), 0);
+  manager_.reset();
+  tier_.reset();
+  transport_.reset();
+  auto r = OffloadManager::Create(Build());  // the tier's startup scan (FsTransport::List)
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  manager_ = std::move(r).value();
+  EXPECT_TRUE(std::filesystem::exists(fresh));
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(bin));
 }
 
 TEST_F(FsTransportTest, CorruptFileIsALostKeyRemovedFromDiskAndIndex) {
