@@ -103,8 +103,9 @@ struct IndexedTierOptions {
 
 class IndexedTier final : public SecondaryTier {
  public:
-  // Rebuilds the index from transport->List() (no events: OffloadManager::Recover reconciles),
-  // deleting what does not fit the budget. `transport` is shared with whoever completes its I/O.
+  // Rebuilds the index from transport->List() (no events of its own: the manager announces them,
+  // ManagerOptions.announce_held_blocks, or OffloadManager::Recover reconciles), deleting what
+  // does not fit the budget. `transport` is shared with whoever completes its I/O.
   static Result<std::unique_ptr<IndexedTier>> Create(IndexedTierOptions options,
                                                      std::shared_ptr<TierTransport> transport);
 

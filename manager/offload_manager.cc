@@ -127,6 +127,19 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Create(ManagerOptions op
         policy, CachePolicyRegistry::Global().Create(options.eviction_policy, options.num_blocks));
   }
   auto impl = std::make_unique<Impl>(std::move(options), std::move(policy));
+  if (impl->options.announce_held_blocks) {
+    // What the media hold from an earlier run, announced once (Recover with an empty journal).
+    for (size_t i = 0; i < impl->tiers.size(); ++i) {
+      const SecondaryTier& t = *impl->tiers[i];
+      if (!t.publishes_events()) continue;
+      std::vector<OffloadKey> held;
+      t.ListHeld(&held);
+      if (held.empty()) continue;
+      OffloadingEvent e = OffloadingEvent::Stored(std::move(held), t.medium(), t.locality());
+      e.tier = static_cast<int32_t>(i + 1);
+      impl->start_events.push_back(std::move(e));
+    }
+  }
   return std::unique_ptr<OffloadManager>(new OffloadManager(std::move(impl)));
 }
 
@@ -317,6 +330,10 @@ std::vector<OffloadingEvent> OffloadManager::TakeEvents() {
 void OffloadManager::TakeEvents(std::vector<OffloadingEvent>* out) {
   Impl& m = *impl_;
   m.cpu.RecycleEvents(out);
+  if (!m.start_events.empty()) {  // before anything that happened since the start
+    for (OffloadingEvent& e : m.start_events) out->push_back(std::move(e));
+    m.start_events.clear();
+  }
   m.cpu.TakeEvents(out);
   for (size_t i = 0; i < m.tiers.size(); ++i) {
     const size_t first = out->size();

@@ -32,6 +32,9 @@ Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
   m.max_tracker_size = static_cast<size_t>(c.max_tracker_size);
   m.enable_events = o.enable_kv_cache_events;
   m.self_describing_events = c.self_describing_kv_events;
+  // A fresh start announces what the file tiers already hold (RecoverOffloadManager reconciles
+  // against its journal instead), so every block on disk is announced once.
+  m.announce_held_blocks = o.enable_kv_cache_events;
   m.secondary_tiers.clear();
   if (c.spec != OffloadSpec::kTiering) return m;  // vLLM ignores secondary_tiers then
 

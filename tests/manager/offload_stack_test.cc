@@ -180,6 +180,40 @@ TEST_F(OffloadStackTest, RecoverReconcilesWithTheDirectory) {
   EXPECT_EQ(fold->Hashes(kMediumStorage).size(), 2u);  // the files survived
 }
 
+// A fresh start (no journal history, as kvo.OffloadManager with an empty journal and `kvo sim`
+// start) over a directory an earlier run filled: the blocks on disk are announced once, so the fold
+// of the events is what the manager holds, and their later eviction removes announced blocks.
+TEST_F(OffloadStackTest, AFreshStartAnnouncesTheBlocksAlreadyOnDisk) {
+  auto o = Options(Json("TieringOffloadingSpec", 3, disk_));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  {
+    auto earlier = BuildOffloadManager(*o);  // an earlier run, its events gone with it
+    ASSERT_TRUE(earlier.ok()) << earlier.status().ToString();
+    for (int i = 0; i < 3; ++i) Store(**earlier, i);
+  }
+  ASSERT_EQ(FilesUnder(disk_), 3u);
+  OpenJournal();
+  o->manager.journal = journal_.get();
+  o->manager.track_blocks = true;
+  auto m = BuildOffloadManager(*o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE((*m)->PublishEvents().ok());
+  auto check = [&](const char* when) {
+    auto fold = ReplayJournal(*journal_);
+    ASSERT_TRUE(fold.ok()) << fold.status().ToString();
+    auto snap = (*m)->Snapshot();
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    EXPECT_EQ(fold->Hashes(kMediumStorage), snap->storage_hashes) << when;
+    EXPECT_EQ(fold->Hashes(kMediumCpu), snap->cpu_hashes) << when;
+    EXPECT_EQ(fold->fold().unknown_removals(), 0u) << when;
+  };
+  check("at start");
+  EXPECT_EQ(ReplayJournal(*journal_)->Hashes(kMediumStorage).size(), 3u);
+  for (int i = 10; i < 12; ++i) Store(**m, i);  // the disk tier evicts two earlier blocks
+  ASSERT_EQ(FilesUnder(disk_), 3u);
+  check("after evictions");
+}
+
 TEST_F(OffloadStackTest, ErrorsNameWhatDoesNotFit) {
   auto small = Options(Json("TieringOffloadingSpec", 2, disk_), true, /*rows=*/2);
   ASSERT_TRUE(small.ok());
