@@ -181,16 +181,20 @@ struct FsBlockStore::Impl {
                                                    region.row_stride, ro);
     if (!fast.ok()) return Error(fast.status().WithContext("load " + key.hex));
     if (fast->has_value()) return Classify(key, **fast);
-    auto d1 = fs_internal::OpenChildDir(rank, dir1, false, options.dir_mode, "block directory");
-    Result<Dir> d2 =
-        d1.ok() ? fs_internal::OpenChildDir(*d1, dir2, false, options.dir_mode, "block directory")
-                : Result<Dir>(d1.status());
+    bool not_a_dir = false;  // a symlink or non-directory in the path (ELOOP / ENOTDIR)
+    auto d1 = fs_internal::OpenChildDir(rank, dir1, false, options.dir_mode, "block directory",
+                                        &not_a_dir);
+    Result<Dir> d2 = d1.ok() ? fs_internal::OpenChildDir(*d1, dir2, false, options.dir_mode,
+                                                         "block directory", &not_a_dir)
+                             : Result<Dir>(d1.status());
     if (!d2.ok()) {
       if (d2.status().code() == StatusCode::kNotFound) {
         r.outcome = FsBlockOutcome::kMiss;
         return r;
       }
-      if (d2.status().code() == StatusCode::kFailedPrecondition) {  // symlink in the path
+      // Only a planted path is corrupt; a directory we may not open (EACCES, EPERM) is an error
+      // and the block stays (the manager keeps its key: the file is still on disk).
+      if (not_a_dir) {
         corrupt_count.fetch_add(1);
         r.outcome = FsBlockOutcome::kCorrupt;
         r.status = Status::Corruption("load " + key.hex + ": " + d2.status().message());

@@ -1,6 +1,7 @@
 #include "transfer/fs_block_store.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -589,6 +590,56 @@ TEST(FsBlockStoreOpenTest, ReadOnlyRootDirIsAClearError) {
   auto t = FsBlockStore::Open(Options(dir.path()), rows.region());
   EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(t.status().message().find("not writable"), std::string::npos) << t.status().ToString();
+}
+
+// Stores one block under `root`, makes its leaf directory unreadable (mode 0) and loads it.
+// Returns the load's outcome (FsBlockOutcome as an int, >= 0), or a negative step that failed;
+// -4: the .bin is gone afterwards.
+int LoadThroughUnreadableLeaf(const std::string& root) {
+  Rows rows(2);
+  auto tier = FsBlockStore::Open(Options(root), rows.region());
+  if (!tier.ok()) return -1;
+  rows.Fill(0, 7);
+  if (!RunJob(**tier, true, {Key(7)}, {0}).success) return -2;
+  const std::string bin = BlockPath(**tier, root, Key(7));
+  const std::string leaf = stdfs::path(bin).parent_path().string();
+  if (::chmod(leaf.c_str(), 0) != 0) return -3;
+  FsJobResult ld = RunJob(**tier, false, {Key(7)}, {1});
+  ::chmod(leaf.c_str(), 0700);
+  if (!stdfs::exists(bin)) return -4;
+  if (ld.blocks.size() != 1) return -5;
+  return static_cast<int>(ld.blocks[0].outcome);
+}
+
+// EACCES on a block directory is an I/O error (kError), not a corrupt block: the file stays, so
+// the manager must keep its key (a kCorrupt would make it drop the key and announce a removal of
+// a file still on disk). Root ignores mode bits: as root the load runs in a child that drops to
+// uid/gid 65534.
+TEST(FsBlockStoreOpenTest, AnUnreadableBlockDirectoryIsAnErrorNotCorrupt) {
+  testing::TempDir dir;
+  int outcome = 0;
+  if (::geteuid() != 0) {
+    outcome = LoadThroughUnreadableLeaf(dir.path());
+  } else {
+    ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+          ::setresuid(65534, 65534, 65534) != 0) {
+        ::_exit(99);
+      }
+      ::_exit(LoadThroughUnreadableLeaf(dir.path()) + 10);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "child status " << status;
+    if (WEXITSTATUS(status) == 99) GTEST_SKIP() << "cannot drop privileges to uid 65534 here";
+    outcome = WEXITSTATUS(status) - 10;
+  }
+  ASSERT_GE(outcome, 0) << "step " << outcome << " failed";
+  EXPECT_EQ(static_cast<FsBlockOutcome>(outcome), FsBlockOutcome::kError)
+      << FsBlockOutcomeName(static_cast<FsBlockOutcome>(outcome));
 }
 
 TEST(FsBlockStoreOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
