@@ -12,6 +12,7 @@
 #include "common/json.h"
 #include "common/logging.h"
 #include "manager/cache_policy.h"
+#include "transfer/fs_block_store.h"
 
 namespace kvo {
 namespace {
@@ -174,6 +175,10 @@ Result<FsTierConfig> ParseFsTier(const std::string& path, const json& t) {
       int64_t n = 0;
       KVO_RETURN_IF_ERROR(ReadInt(name, v, &n));
       if (n < 0) return WrongValue(name, v, "a non-negative integer");
+      if (n > kFsMaxThreadsPerPool) {
+        return WrongValue(
+            name, v, "at most " + std::to_string(kFsMaxThreadsPerPool) + " (threads per pool)");
+      }
       (key == "n_read_threads" ? fs.n_read_threads : fs.n_write_threads) = n;
     } else if (key == "enable_kv_events") {
       KVO_RETURN_IF_ERROR(ReadBool(name, v, &fs.enable_kv_events));

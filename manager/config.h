@@ -38,6 +38,8 @@ std::string_view TierLocalityName(TierLocality locality);  // "LOCAL" | "REMOTE"
 // `{"type": "fs", ...}`: vLLM's FileSystemTierManager keyword arguments, plus kvo's max_bytes.
 struct FsTierConfig {
   std::string root_dir;  // required
+  // Each 0..kFsMaxThreadsPerPool (1024), together >= 1 (an empty pool's queue is taken by the
+  // other pool's threads).
   int64_t n_read_threads = 16;
   int64_t n_write_threads = 16;
   bool enable_kv_events = false;         // also needs the global enable_kv_cache_events

@@ -67,6 +67,16 @@ Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const
   // vLLM's FileMapper: a parallelism-agnostic (or replicated) layout collapses the rank to 0, so
   // every rank shares one directory; otherwise each rank has its own <ns>_r<rank>.
   fo.rank = run.parallel_agnostic ? 0 : rank;
+  // Range-checked before the narrowing casts (2^32 would become 0); the parser caps them too.
+  for (const auto& [name, n] :
+       {std::pair<const char*, int64_t>{"n_read_threads", fs.n_read_threads},
+        {"n_write_threads", fs.n_write_threads}}) {
+    if (n < 0 || n > kFsMaxThreadsPerPool) {
+      return Status::InvalidArgument(where + "." + name + " must be 0.." +
+                                     std::to_string(kFsMaxThreadsPerPool) + ", got " +
+                                     std::to_string(n));
+    }
+  }
   fo.n_read_threads = static_cast<int>(fs.n_read_threads);
   fo.n_write_threads = static_cast<int>(fs.n_write_threads);
   Result<std::shared_ptr<FsTransport>> transport = FsTransport::Create(fo, cpu_rows);

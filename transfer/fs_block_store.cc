@@ -10,6 +10,7 @@
 #include <deque>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -93,8 +94,8 @@ struct FsBlockStore::Impl {
   }
 
   void Start() {
-    const int nr = std::max(1, options.n_read_threads);
-    const int nw = std::max(1, options.n_write_threads);
+    const int nr = options.n_read_threads;  // Open checked: each >= 0, together >= 1
+    const int nw = options.n_write_threads;
     for (int i = 0; i < nr + nw; ++i) {
       const bool reader = i < nr;
       threads.emplace_back([this, reader] { Loop(reader); });
@@ -277,8 +278,17 @@ Result<std::unique_ptr<FsBlockStore>> FsBlockStore::Open(FsBlockStoreOptions opt
   if (region.base == 0 || region.num_slots == 0 || region.row_stride == 0) {
     return Status::InvalidArgument("fs tier: empty host region");
   }
-  if (options.n_read_threads < 1 || options.n_write_threads < 1) {
-    return Status::InvalidArgument("fs tier: n_read_threads and n_write_threads must be >= 1");
+  for (const auto& [name, n] :
+       {std::pair<const char*, int>{"n_read_threads", options.n_read_threads},
+        {"n_write_threads", options.n_write_threads}}) {
+    if (n < 0 || n > kFsMaxThreadsPerPool) {
+      return Status::InvalidArgument("fs tier: " + std::string(name) + " must be 0.." +
+                                     std::to_string(kFsMaxThreadsPerPool) + ", got " +
+                                     std::to_string(n));
+    }
+  }
+  if (options.n_read_threads + options.n_write_threads < 1) {
+    return Status::InvalidArgument("fs tier: n_read_threads + n_write_threads must be >= 1");
   }
   KVO_ASSIGN_OR_RETURN(std::string ns, FsNamespaceName(options.fields));
   KVO_ASSIGN_OR_RETURN(std::string config, FsFieldsConfigJson(options.fields));

@@ -33,10 +33,16 @@
 
 namespace kvo {
 
+// The most threads of one pool (n_read_threads, n_write_threads); a config asking for more is
+// rejected by name.
+inline constexpr int kFsMaxThreadsPerPool = 1024;
+
 struct FsBlockStoreOptions {
   std::string root_dir;
   FsRunFields fields;
   uint32_t rank = 0;  // the tier runs in the scheduler: _r0 (B.11)
+  // Each 0..kFsMaxThreadsPerPool, together >= 1: a pool of 0 is fine, the other pool's threads
+  // take its queue too.
   int n_read_threads = 16;
   int n_write_threads = 16;
   uint32_t file_mode = 0600;

@@ -368,6 +368,11 @@ TEST(OffloadConfigTest, FsTierRejections) {
   ExpectRejected(
       Tiering(R"([{"type": "fs", "root_dir": "/d", "n_read_threads": 0, "n_write_threads": 0}])"),
       {"'secondary_tiers[0]'", "n_read_threads + n_write_threads must be at least 1", "0 + 0"});
+  // At most kFsMaxThreadsPerPool per pool, checked on the 64-bit value (2^32 is not 0).
+  ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "n_read_threads": 1025}])"),
+                 {"'secondary_tiers[0].n_read_threads'", "at most 1024", "got 1025"});
+  ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "n_write_threads": 4294967296}])"),
+                 {"'secondary_tiers[0].n_write_threads'", "at most 1024", "got 4294967296"});
   ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "enable_kv_events": "yes"}])"),
                  {"'secondary_tiers[0].enable_kv_events' must be true or false", "got \"yes\""});
   ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "max_bytes": -1}])"),

@@ -560,8 +560,20 @@ TEST(FsBlockStoreOpenTest, BadRootDirIsAClearError) {
   o.fields.model_name = "";
   EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
   o.fields.model_name = "m";
+  // Thread counts: either pool may be empty (the other takes its queue), not both, none past
+  // the cap or negative.
   o.n_read_threads = 0;
-  EXPECT_FALSE(FsBlockStore::Open(o, rows.region()).ok());
+  o.n_write_threads = 0;
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
+  o.n_write_threads = kFsMaxThreadsPerPool + 1;
+  auto many = FsBlockStore::Open(o, rows.region());
+  EXPECT_NE(many.status().message().find("n_write_threads must be 0..1024, got 1025"),
+            std::string::npos)
+      << many.status().ToString();
+  o.n_write_threads = -1;
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
+  o.n_write_threads = 1;
+  EXPECT_TRUE(FsBlockStore::Open(o, rows.region()).ok());  // no reader: the writer loads too
   o.n_read_threads = 1;
   EXPECT_FALSE(FsBlockStore::Open(o, HostRegion{}).ok());
 }
