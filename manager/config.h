@@ -117,7 +117,8 @@ Status ValidateKvGeometry(const KvGeometry& geometry);
 
 // B.3's arithmetic. `page_size` is the host page size (the caller reads it once in main; the
 // default is the common 4096). InvalidArgument for an invalid geometry, a block_size that is not
-// a positive multiple of the GPU block size, a zero page size, or an overflow.
+// a positive multiple of the GPU block size, a zero page size, an overflow, or more CPU blocks
+// than the eviction policy holds (MaxPolicyBlocks, manager/cache_policy.h).
 Result<OffloadGeometry> ComputeOffloadGeometry(const OffloadConfig& config,
                                                const KvGeometry& geometry,
                                                uint64_t page_size = 4096);

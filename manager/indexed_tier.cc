@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/json.h"
 #include "common/logging.h"
 
 namespace kvo {
@@ -11,9 +12,9 @@ namespace kvo {
 // ---- BoundedTierIndex ----
 
 BoundedTierIndex::BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes,
-                                   std::unique_ptr<CachePolicy> policy)
+                                   std::unique_ptr<CachePolicy> policy, uint64_t max_blocks)
     : block_bytes_(block_bytes == 0 ? 1 : block_bytes),
-      capacity_(max_bytes == 0 ? UINT64_MAX : max_bytes / block_bytes_),
+      capacity_(std::min(max_bytes == 0 ? UINT64_MAX : max_bytes / block_bytes_, max_blocks)),
       policy_(std::move(policy)) {}
 
 void BoundedTierIndex::Add(const OffloadKey& key, int32_t ref_cnt) {
@@ -111,9 +112,9 @@ Status BoundedTierIndex::CheckInvariants() const {
 // ---- IndexedTier ----
 
 IndexedTier::IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
-                         std::shared_ptr<TierTransport> transport)
+                         std::shared_ptr<TierTransport> transport, uint64_t max_blocks)
     : options_(std::move(options)),
-      index_(options_.max_bytes, options_.block_bytes, std::move(policy)),
+      index_(options_.max_bytes, options_.block_bytes, std::move(policy), max_blocks),
       transport_(std::move(transport)) {}
 
 Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions options,
@@ -128,17 +129,24 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
         "tier '" + options.name + "': max_bytes=" + std::to_string(options.max_bytes) +
         " is smaller than one block (" + std::to_string(options.block_bytes) + " bytes)");
   }
-  uint64_t capacity = options.max_bytes == 0 ? 1024 : options.max_bytes / options.block_bytes;
-  // LRU's capacity is only a sizing hint and the table grows: a large bound (1 TB of 16 KiB
-  // blocks) must not size it up front (past its index limit that aborted the process).
+  const uint64_t blocks = options.max_bytes == 0 ? 0 : options.max_bytes / options.block_bytes;
+  uint64_t capacity = options.max_bytes == 0 ? 1024 : blocks;
+  // LRU's capacity is only a sizing hint and the table grows: a large bound must not size it up
+  // front. Each policy holds at most MaxPolicyBlocks (manager/cache_policy.h; a custom one: the
+  // LRU bound): a bound past it is refused, and an unbounded tier holds that many (its index
+  // evicts past it, rather than the table aborting the process).
   constexpr uint64_t kMaxHint = uint64_t{1} << 20;
-  if (!options.policy_factory && options.eviction_policy == "lru") {
-    capacity = std::min(capacity, kMaxHint);
-  } else if (capacity > (uint64_t{1} << 26)) {
-    return Status::InvalidArgument("tier '" + options.name +
-                                   "': max_bytes=" + std::to_string(options.max_bytes) + " gives " +
-                                   std::to_string(capacity) + " blocks; at most 67108864");
+  const bool lru = !options.policy_factory && options.eviction_policy == "lru";
+  const uint64_t max_blocks =
+      options.policy_factory ? kMaxLruBlocks : MaxPolicyBlocks(options.eviction_policy);
+  if (blocks > max_blocks) {
+    return Status::InvalidArgument(
+        "tier '" + options.name + "': max_bytes=" + std::to_string(options.max_bytes) + " gives " +
+        std::to_string(blocks) + " blocks; at most " + std::to_string(max_blocks) + " with the '" +
+        (options.policy_factory ? std::string("custom") : CutForMessage(options.eviction_policy)) +
+        "' policy");
   }
+  if (lru) capacity = std::min(capacity, kMaxHint);
   std::unique_ptr<CachePolicy> policy;
   if (options.policy_factory) {
     policy = options.policy_factory(static_cast<size_t>(capacity));
@@ -148,7 +156,7 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
   }
   if (policy == nullptr) return Status::InvalidArgument("tier '" + options.name + "': no policy");
   std::unique_ptr<IndexedTier> tier(
-      new IndexedTier(std::move(options), std::move(policy), std::move(transport)));
+      new IndexedTier(std::move(options), std::move(policy), std::move(transport), max_blocks));
   std::vector<OffloadKey> held;
   KVO_RETURN_IF_ERROR(tier->transport_->List(&held));
   std::vector<OffloadKey> over;

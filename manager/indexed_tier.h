@@ -49,10 +49,11 @@ class TierTransport {
 // What a secondary tier holds: a state per key (writing, ready, pinned by loads — the CPU tier's
 // ref counts: -1, 0, > 0) in a CachePolicy that also picks victims, and a dense key array for
 // enumeration (BlockStatus::slot is the key's position in it). Capacity = max_bytes / block_bytes
-// blocks (max_bytes 0: unbounded).
+// blocks (max_bytes 0: unbounded), at most `max_blocks` (what the policy can hold).
 class BoundedTierIndex {
  public:
-  BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes, std::unique_ptr<CachePolicy> policy);
+  BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes, std::unique_ptr<CachePolicy> policy,
+                   uint64_t max_blocks = UINT64_MAX);
 
   const BlockStatus* Find(const OffloadKey& key) { return policy_->Get(key); }
   // Makes room for one more block, evicting ready unpinned blocks not in `protect` (appended to
@@ -77,7 +78,7 @@ class BoundedTierIndex {
   void Add(const OffloadKey& key, int32_t ref_cnt);
 
   const uint64_t block_bytes_;
-  const uint64_t capacity_;  // blocks; UINT64_MAX when unbounded
+  const uint64_t capacity_;  // blocks; max_blocks when unbounded
   std::unique_ptr<CachePolicy> policy_;
   std::vector<OffloadKey> keys_;  // dense; BlockStatus::slot indexes it
 };
@@ -86,7 +87,9 @@ struct IndexedTierOptions {
   std::string name = "fs";
   std::optional<std::string> locality;  // "LOCAL" | "REMOTE"
   bool enable_kv_events = true;         // vLLM's per-tier enable_kv_events
-  uint64_t max_bytes = 0;               // 0: unbounded (vLLM's FS tier)
+  // 0: unbounded (vLLM's FS tier) up to the policy's limit (MaxPolicyBlocks blocks,
+  // manager/cache_policy.h; Create refuses a bound past it).
+  uint64_t max_bytes = 0;
   uint64_t block_bytes = 1;             // bytes per block (one CPU row)
   std::string eviction_policy = "lru";  // a CachePolicyRegistry name
   CachePolicyFactory policy_factory;    // overrides eviction_policy when set
@@ -131,7 +134,7 @@ class IndexedTier final : public SecondaryTier {
 
  private:
   IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
-              std::shared_ptr<TierTransport> transport);
+              std::shared_ptr<TierTransport> transport, uint64_t max_blocks);
   void Emit(std::vector<OffloadKey> keys, bool removed, RemovalReason reason);
 
   struct Job {

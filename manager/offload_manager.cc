@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/json.h"
 #include "common/logging.h"
 #include "events/codec.h"
 #include "manager/metrics.h"
@@ -110,6 +111,15 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Create(ManagerOptions op
   if (options.secondary_tiers.size() > 62) {
     return Status::InvalidArgument("at most 62 secondary tiers are supported, got " +
                                    std::to_string(options.secondary_tiers.size()));
+  }
+  const size_t max_blocks =
+      options.policy_factory ? kMaxLruBlocks : MaxPolicyBlocks(options.eviction_policy);
+  if (options.num_blocks > max_blocks) {
+    return Status::InvalidArgument(
+        "num_blocks=" + std::to_string(options.num_blocks) + ": a CPU tier holds at most " +
+        std::to_string(max_blocks) + " blocks with the '" +
+        (options.policy_factory ? std::string("custom") : CutForMessage(options.eviction_policy)) +
+        "' policy (its table's limit); use larger blocks");
   }
   for (size_t i = 0; i < options.secondary_tiers.size(); ++i) {
     if (options.secondary_tiers[i] == nullptr) {

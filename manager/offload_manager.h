@@ -239,8 +239,10 @@ struct ManagerOptions {
 
 class OffloadManager {
  public:
-  // InvalidArgument for an unknown policy, store_threshold >= 2 together with secondary tiers, or
-  // a null tier. With announce_held_blocks, queues the tiers' held blocks as stored events.
+  // InvalidArgument for an unknown policy, store_threshold >= 2 together with secondary tiers, a
+  // null tier, or more CPU blocks than its policy holds (MaxPolicyBlocks, manager/cache_policy.h).
+  // With announce_held_blocks, queues
+  // the tiers' held blocks as stored events.
   static Result<std::unique_ptr<OffloadManager>> Create(ManagerOptions options);
 
   // Restart: rebuilds what `journal` says was announced, then publishes (through options' sink)

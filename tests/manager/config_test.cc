@@ -576,6 +576,24 @@ TEST(OffloadGeometryTest, ZeroWorkerBytesGiveAnEmptyCache) {
 TEST(OffloadGeometryTest, Rejections) {
   KvGeometry g;
   g.worker_kv_bytes_per_block = 4096;
+  // More CPU blocks than the policy's table holds (MaxPolicyBlocks): named, not an abort later.
+  auto many = ComputeOffloadGeometry(Bytes((kMaxLruBlocks + 1) * 4096), g);
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("holds 33554433 CPU blocks of 4096 bytes; at most "
+                                         "33554432 with eviction_policy 'lru'"),
+            std::string::npos)
+      << many.status().message();
+  auto most = ComputeOffloadGeometry(Bytes(kMaxLruBlocks * 4096), g);
+  ASSERT_TRUE(most.ok()) << most.status().ToString();
+  EXPECT_EQ(most->num_blocks, kMaxLruBlocks);
+  OffloadConfig arc = Bytes((kMaxArcBlocks + 1) * 4096);
+  arc.eviction_policy = "arc";
+  auto many_arc = ComputeOffloadGeometry(arc, g);
+  ASSERT_FALSE(many_arc.ok());
+  EXPECT_NE(many_arc.status().message().find("at most 8388608 with eviction_policy 'arc'"),
+            std::string::npos)
+      << many_arc.status().message();
+
   OffloadConfig c = Bytes(1 << 30);
   c.block_size = 40;
   auto not_multiple = ComputeOffloadGeometry(c, g);

@@ -679,6 +679,33 @@ TEST_F(IndexedTierTest, StartupTrimsTheMediumToTheBudget) {
   EXPECT_EQ(transport_->deleted.size(), 2u);
 }
 
+// A bound past what the policy's table holds is refused by name (an LRU tier used to accept it
+// and abort the process once the table grew past its 28-bit limit); an unbounded tier is capped
+// there.
+TEST(IndexedTierCreateTest, RejectsABoundPastThePolicysLimitAndCapsAnUnboundedTier) {
+  IndexedTierOptions to;
+  to.block_bytes = 16384;
+  to.max_bytes = (kMaxLruBlocks + 1) * to.block_bytes;
+  auto lru = IndexedTier::Create(to, std::make_shared<FakeTransport>());
+  ASSERT_FALSE(lru.ok());
+  EXPECT_EQ(lru.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(lru.status().message().find("at most 33554432 with the 'lru' policy"),
+            std::string::npos)
+      << lru.status().ToString();
+  to.max_bytes = kMaxLruBlocks * to.block_bytes;  // 512 GiB of 16 KiB blocks: fine
+  EXPECT_TRUE(IndexedTier::Create(to, std::make_shared<FakeTransport>()).ok());
+  to.eviction_policy = "arc";
+  auto arc = IndexedTier::Create(to, std::make_shared<FakeTransport>());
+  ASSERT_FALSE(arc.ok());
+  EXPECT_NE(arc.status().message().find("at most 8388608 with the 'arc' policy"), std::string::npos)
+      << arc.status().ToString();
+  to.eviction_policy = "lru";
+  to.max_bytes = 0;
+  auto unbounded = IndexedTier::Create(to, std::make_shared<FakeTransport>());
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status().ToString();
+  EXPECT_EQ((*unbounded)->index().capacity_blocks(), kMaxLruBlocks);
+}
+
 TEST(IndexedTierCreateTest, RejectsABudgetBelowOneBlock) {
   IndexedTierOptions to;
   to.max_bytes = 10;
