@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <deque>
 #include <thread>
 #include <unordered_map>
@@ -423,8 +424,19 @@ Result<FsScanResult> FsBlockStore::Scan(double temp_age_seconds) {
               ++out.temp_files_removed;
             }
             break;
-          case WalkEntry::Kind::kSidecar:
+          case WalkEntry::Kind::kSidecar: {
+            // An orphan (its .bin gone: a crash between the record and the link) as old as a
+            // stale temp file; a younger one may belong to another writer's store in flight.
+            if (e.age_seconds < temp_age_seconds) break;
+            const std::string bin =
+                name.substr(0, name.size() - (sizeof(fs_internal::kSidecarSuffix) - 1));
+            struct stat st {};
+            if (::fstatat(dir.fd(), bin.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+                errno == ENOENT && ::unlinkat(dir.fd(), name.c_str(), 0) == 0) {
+              ++out.orphan_sidecars_removed;
+            }
             break;
+          }
           case WalkEntry::Kind::kInvalid:
           case WalkEntry::Kind::kSymlink:
             out.problems.push_back(e.rel_path + ": " + e.why);

@@ -87,6 +87,7 @@ struct FsScanResult {
   std::vector<std::string> problems;  // "<relative path>: <why>" for what was skipped or removed
   uint64_t temp_files_removed = 0;
   uint64_t wrong_size_removed = 0;
+  uint64_t orphan_sidecars_removed = 0;  // "<hex>.bin.kvo" without its .bin, as old as a temp
 };
 
 class FsBlockStore {
@@ -113,10 +114,10 @@ class FsBlockStore {
   bool Exists(const FsBlockKey& key);
   // Removes blocks (and records); ok when absent.
   Status Delete(const FsBlockKey& key);
-  // Walks this tier's rank directory: validates every name, removes stale temp files (at least
-  // `temp_age_seconds` old; 0 removes all — only when no other writer shares the directory) and
-  // .bin files whose size is not row_stride, and lists the rest. Symlinks are reported, never
-  // followed.
+  // Walks this tier's rank directory: validates every name, removes stale temp files and orphan
+  // sidecar records (at least `temp_age_seconds` old; 0 removes all — only when no other writer
+  // shares the directory) and .bin files whose size is not row_stride, and lists the rest. Symlinks
+  // are reported, never followed.
   Result<FsScanResult> Scan(double temp_age_seconds = kFsStaleTempSeconds);
 
   // Loads that found a damaged file (size, short read, checksum, malformed record, symlink,

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -539,6 +540,39 @@ TEST_P(FsBlockStoreTest, ScanRebuildsContentsAndValidatesNames) {
   ASSERT_TRUE((*tier)->Delete(k0).ok());
   EXPECT_FALSE((*tier)->Exists(k0));
   EXPECT_TRUE((*tier)->Delete(k0).ok());  // absent is fine
+}
+
+// A sidecar record whose .bin is gone (a crash between the record and the link) is removed by the
+// scan once it is as old as a stale temp file; a fresh one (another writer's store in flight) and
+// one whose .bin exists stay.
+TEST_P(FsBlockStoreTest, ScanRemovesOldOrphanSidecars) {
+  Rows rows(2);
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  rows.Fill(0, 1);
+  ASSERT_TRUE(RunJob(**tier, true, {Key(1)}, {0}).success);
+  const auto sidecar = [&](uint64_t i) { return BlockPath(**tier, dir_.path(), Key(i)) + ".kvo"; };
+  const auto age = [](const std::string& path) {
+    timespec times[2];
+    times[0].tv_sec = times[1].tv_sec = ::time(nullptr) - 2 * 3600;
+    times[0].tv_nsec = times[1].tv_nsec = 0;
+    return ::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0;
+  };
+  for (uint64_t i : {2, 3}) stdfs::create_directories(stdfs::path(sidecar(i)).parent_path());
+  if (!stdfs::exists(sidecar(1))) std::ofstream(sidecar(1)) << "record";  // xattr records
+  std::ofstream(sidecar(2)) << "record";
+  std::ofstream(sidecar(3)) << "record";
+  ASSERT_TRUE(age(sidecar(1)));  // old, but its .bin is there
+  ASSERT_TRUE(age(sidecar(2)));  // old orphan
+  auto scan = (*tier)->Scan();   // sidecar(3): a fresh orphan
+  ASSERT_TRUE(scan.ok()) << scan.status().ToString();
+  EXPECT_EQ(scan->orphan_sidecars_removed, 1u);
+  EXPECT_TRUE(stdfs::exists(sidecar(1)));
+  EXPECT_FALSE(stdfs::exists(sidecar(2)));
+  EXPECT_TRUE(stdfs::exists(sidecar(3)));
+  std::memset(rows.mem, 0, rows.num * rows.stride);
+  EXPECT_EQ(RunJob(**tier, false, {Key(1)}, {1}).blocks[0].outcome, FsBlockOutcome::kOk);
+  EXPECT_TRUE(rows.Matches(1, 1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Records, FsBlockStoreTest, ::testing::Values(false, true),
