@@ -197,7 +197,32 @@ LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& ct
   return b != nullptr && b->ready() ? LookupResult::kHit : LookupResult::kMiss;
 }
 
+void IndexedTier::RememberUndeleted(std::span<const OffloadKey> keys) {
+  for (const OffloadKey& key : keys) {
+    if (undeleted_.size() >= kMaxUndeleted) {  // bounded: a medium that never deletes
+      ++undeleted_dropped_;
+      continue;
+    }
+    undeleted_.insert(key);
+  }
+}
+
+void IndexedTier::RetryDeletes() {
+  // A few per step, one at a time (each key's own outcome; absent files count as deleted): a
+  // medium that keeps failing costs the scheduler a bounded amount per step.
+  size_t tried = 0;
+  for (auto it = undeleted_.begin(); it != undeleted_.end() && tried < kDeleteRetriesPerStep;
+       ++tried) {
+    if (transport_->Delete({&*it, 1}).ok()) {
+      it = undeleted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void IndexedTier::OnScheduleEnd() {
+  RetryDeletes();
   if (!options_.async_lookup) return;
   // Verdicts no request holds, unclaimed for a step, are dropped (bounded without requests).
   for (const OffloadKey& key : unclaimed_) {
@@ -254,12 +279,19 @@ Status IndexedTier::SubmitStore(const TierJob& job) {
       state.all_ok_so_far = false;
       continue;
     }
+    // Stored again before its file could be deleted: the file is this block's (the store skips
+    // it or replaces it), so a retried delete must not remove it.
+    if (!undeleted_.empty()) undeleted_.erase(key);
     sub.keys.push_back(key);
     sub.slots.push_back(job.slots[i]);
   }
   if (!evicted.empty()) {
     Status s = transport_->Delete(evicted);
-    if (!s.ok()) KVO_LOG_WARN("tier '{}': deleting evicted blocks: {}", name(), s.ToString());
+    if (!s.ok()) {
+      KVO_LOG_WARN("tier '{}': deleting evicted blocks: {} (retried every step)", name(),
+                   s.ToString());
+      RememberUndeleted(evicted);
+    }
     Emit(std::move(evicted), /*removed=*/true, RemovalReason::kEvicted);
   }
   if (sub.keys.empty()) {

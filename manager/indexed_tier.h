@@ -131,6 +131,12 @@ class IndexedTier final : public SecondaryTier {
 
   const BoundedTierIndex& index() const { return index_; }
   uint64_t stores_rejected() const { return stores_rejected_; }  // no room for a block
+  // Evicted blocks whose files could not be deleted yet (retried at each step's end, up to
+  // kDeleteRetriesPerStep), and those given up on because too many were pending (kMaxUndeleted).
+  size_t undeleted() const { return undeleted_.size(); }
+  uint64_t undeleted_dropped() const { return undeleted_dropped_; }
+  static constexpr size_t kMaxUndeleted = size_t{1} << 20;
+  static constexpr size_t kDeleteRetriesPerStep = 64;
 
  private:
   IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
@@ -153,6 +159,13 @@ class IndexedTier final : public SecondaryTier {
   std::vector<OffloadingEvent> events_;
   std::vector<JobResult> scratch_;
   uint64_t stores_rejected_ = 0;
+  // Evicted keys whose delete failed: out of the index (and announced removed) but maybe still on
+  // the medium, outside the budget; deleted again at the steps' ends until the delete succeeds,
+  // forgotten when the key is stored again (the file is then this block's own).
+  void RememberUndeleted(std::span<const OffloadKey> keys);
+  void RetryDeletes();
+  std::unordered_set<OffloadKey, OffloadKeyHash> undeleted_;
+  uint64_t undeleted_dropped_ = 0;
   // Keys pinned by HoldForPromotion, with the number of holds (released by ReleasePromotion).
   std::unordered_map<OffloadKey, uint32_t, OffloadKeyHash> promised_;
   // async_lookup: per key, the verdict (unset while its check runs) and the requests that asked;

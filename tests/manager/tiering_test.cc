@@ -671,6 +671,39 @@ TEST_F(IndexedTierTest, AResetReleasesTheHoldOfAnUnsubmittedPromotion) {
   EXPECT_TRUE(tier_->index().CheckInvariants().ok());
 }
 
+// An evicted block whose delete failed is not forgotten (its file would stay on the medium outside
+// the budget): the delete is retried at the steps' ends; a key stored again meanwhile is dropped
+// from the retries (its file is then the block's own).
+TEST_F(IndexedTierTest, AFailedEvictionDeleteIsRetriedUntilItSucceeds) {
+  Build(2, 8);
+  Store(Range(0, 2));
+  transport_->FinishAll();
+  m_->OnScheduleEnd();
+  m_->OnScheduleEnd();
+  transport_->fail_deletes = true;
+  Store(Range(2, 4));  // evicts 0 and 1; their deletes fail
+  EXPECT_EQ(tier_->undeleted(), 2u);
+  transport_->FinishAll();
+  m_->OnScheduleEnd();  // the retries fail too: still pending
+  m_->OnScheduleEnd();  // (the stores of 2 and 3 are collected now)
+  EXPECT_EQ(tier_->undeleted(), 2u);
+  EXPECT_EQ(transport_->medium.count(K(0).VllmBytes()), 1u);
+  transport_->fail_deletes = false;
+  // 1 is stored again before a retry succeeds (it evicts 2 from the tier): never deleted now.
+  tier_->Touch(Range(3, 4), kCtx);
+  TierJob again;
+  again.job_id = 1000;
+  again.keys = {K(1)};
+  again.slots = {0};
+  ASSERT_TRUE(tier_->SubmitStore(again).ok());
+  EXPECT_EQ(tier_->undeleted(), 1u);
+  m_->OnScheduleEnd();  // the retry of 0 succeeds
+  EXPECT_EQ(tier_->undeleted(), 0u);
+  EXPECT_EQ(transport_->medium.count(K(0).VllmBytes()), 0u);
+  EXPECT_EQ(transport_->medium.count(K(1).VllmBytes()), 1u);
+  EXPECT_EQ(std::count(transport_->deleted.begin(), transport_->deleted.end(), K(1)), 0);
+}
+
 TEST_F(IndexedTierTest, StartupTrimsTheMediumToTheBudget) {
   for (int i = 0; i < 5; ++i) transport_->Put(K(i));
   Build(3);
