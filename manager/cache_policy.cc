@@ -12,6 +12,10 @@
 
 namespace kvo {
 
+size_t MaxPolicyBlocks(std::string_view policy_name) {
+  return policy_name == "arc" ? kMaxArcBlocks : kMaxLruBlocks;
+}
+
 bool CachePolicy::EvictInto(size_t n, std::span<const OffloadKey> protected_keys,
                             std::vector<std::pair<OffloadKey, BlockStatus>>* out) {
   out->clear();

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -57,6 +58,19 @@ class CachePolicy {
 };
 
 using CachePolicyFactory = std::function<std::unique_ptr<CachePolicy>(size_t capacity)>;
+
+// The most blocks a tier may have with a policy: OffloadManager::Create, ComputeOffloadGeometry
+// and IndexedTier::Create refuse more, naming the limit (past it the built-in policies' node
+// table aborted the process). That table's hash slots are 32 bits holding a node index and a
+// 6-bit probe distance, so it holds fewer than 2^26 * 6/7 nodes (it grows at 7/8 load, doubling).
+//   LRU: one node per block. Sized for its capacity it holds ~57M; grown from a small hint (a
+//        secondary tier's), ~39M. Limit 2^25.
+//   ARC: up to three nodes per block (the resident blocks, and two ghost lists of up to
+//        `capacity` each): ~14M blocks. Limit 2^23.
+//   Any other (registered) policy: 2^25, the CPU tier's own bound.
+inline constexpr size_t kMaxLruBlocks = size_t{1} << 25;
+inline constexpr size_t kMaxArcBlocks = size_t{1} << 23;
+size_t MaxPolicyBlocks(std::string_view policy_name);
 
 // Name -> factory. "lru" and "arc" are built in. Thread-safe.
 class CachePolicyRegistry {

@@ -12,6 +12,7 @@
 #include "common/json.h"
 #include "common/logging.h"
 #include "manager/cache_policy.h"
+#include "transfer/fs_block_store.h"
 
 namespace kvo {
 namespace {
@@ -174,6 +175,10 @@ Result<FsTierConfig> ParseFsTier(const std::string& path, const json& t) {
       int64_t n = 0;
       KVO_RETURN_IF_ERROR(ReadInt(name, v, &n));
       if (n < 0) return WrongValue(name, v, "a non-negative integer");
+      if (n > kFsMaxThreadsPerPool) {
+        return WrongValue(
+            name, v, "at most " + std::to_string(kFsMaxThreadsPerPool) + " (threads per pool)");
+      }
       (key == "n_read_threads" ? fs.n_read_threads : fs.n_write_threads) = n;
     } else if (key == "enable_kv_events") {
       KVO_RETURN_IF_ERROR(ReadBool(name, v, &fs.enable_kv_events));
@@ -594,6 +599,15 @@ Result<OffloadGeometry> ComputeOffloadGeometry(const OffloadConfig& config, cons
     }
   }
   out.num_blocks = out.row_bytes == 0 ? 0 : config.cpu_bytes_to_use / out.row_bytes;
+  const size_t max_blocks = MaxPolicyBlocks(config.eviction_policy);
+  if (out.num_blocks > max_blocks) {
+    return Status::InvalidArgument(
+        "offload geometry: cpu_bytes_to_use=" + std::to_string(config.cpu_bytes_to_use) +
+        " holds " + std::to_string(out.num_blocks) + " CPU blocks of " +
+        std::to_string(out.row_bytes) + " bytes; at most " + std::to_string(max_blocks) +
+        " with eviction_policy '" + CutForMessage(config.eviction_policy) +
+        "' (use a larger block_size or less cpu_bytes_to_use)");
+  }
   out.cpu_page_size_per_worker = out.kv_bytes_per_chunk / out.num_copies;
   return out;
 }

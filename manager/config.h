@@ -38,6 +38,8 @@ std::string_view TierLocalityName(TierLocality locality);  // "LOCAL" | "REMOTE"
 // `{"type": "fs", ...}`: vLLM's FileSystemTierManager keyword arguments, plus kvo's max_bytes.
 struct FsTierConfig {
   std::string root_dir;  // required
+  // Each 0..kFsMaxThreadsPerPool (1024), together >= 1 (an empty pool's queue is taken by the
+  // other pool's threads).
   int64_t n_read_threads = 16;
   int64_t n_write_threads = 16;
   bool enable_kv_events = false;         // also needs the global enable_kv_cache_events
@@ -115,7 +117,8 @@ Status ValidateKvGeometry(const KvGeometry& geometry);
 
 // B.3's arithmetic. `page_size` is the host page size (the caller reads it once in main; the
 // default is the common 4096). InvalidArgument for an invalid geometry, a block_size that is not
-// a positive multiple of the GPU block size, a zero page size, or an overflow.
+// a positive multiple of the GPU block size, a zero page size, an overflow, or more CPU blocks
+// than the eviction policy holds (MaxPolicyBlocks, manager/cache_policy.h).
 Result<OffloadGeometry> ComputeOffloadGeometry(const OffloadConfig& config,
                                                const KvGeometry& geometry,
                                                uint64_t page_size = 4096);

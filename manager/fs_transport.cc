@@ -93,7 +93,9 @@ Status FsTransport::Delete(std::span<const OffloadKey> keys) {
 }
 
 Status FsTransport::List(std::vector<OffloadKey>* out) {
-  KVO_ASSIGN_OR_RETURN(FsScanResult scan, tier_->Scan());
+  // Only temp files older than kFsStaleTempSeconds go: root_dir is shared, and a fresh one may be
+  // another engine's write in flight.
+  KVO_ASSIGN_OR_RETURN(FsScanResult scan, tier_->Scan(kFsStaleTempSeconds));
   for (const std::string& p : scan.problems) KVO_LOG_WARN("fs tier scan: {}", p);
   for (const FsBlockKey& k : scan.blocks) {
     auto digest = DigestOf(k);

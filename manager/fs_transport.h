@@ -3,8 +3,9 @@
 // with vLLM's layout. A thin shim: it maps keys (an OffloadKey's raw digest as hex, and its group)
 // and job ids (the manager's <-> the store's), and folds the store's per-block outcomes into
 // vLLM's JobResult (successful_keys; loads that find a block missing or corrupt list it in
-// lost_keys, the store having removed a corrupt file). List() is the store's startup scan (stale
-// temp files and wrong-size files removed), so OffloadManager::Recover reconciles against the
+// lost_keys, the store having removed a corrupt file). List() is the store's startup scan (temp
+// files older than kFsStaleTempSeconds — never fresh ones, root_dir is shared — and wrong-size
+// files removed), so OffloadManager::Recover reconciles against the
 // disk. Completion order is the store's (completion order, transfer/job.h).
 //
 // Thread-safe: the store completes jobs on its own threads; the job map has its own mutex.

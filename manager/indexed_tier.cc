@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/json.h"
 #include "common/logging.h"
 
 namespace kvo {
@@ -11,9 +12,9 @@ namespace kvo {
 // ---- BoundedTierIndex ----
 
 BoundedTierIndex::BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes,
-                                   std::unique_ptr<CachePolicy> policy)
+                                   std::unique_ptr<CachePolicy> policy, uint64_t max_blocks)
     : block_bytes_(block_bytes == 0 ? 1 : block_bytes),
-      capacity_(max_bytes == 0 ? UINT64_MAX : max_bytes / block_bytes_),
+      capacity_(std::min(max_bytes == 0 ? UINT64_MAX : max_bytes / block_bytes_, max_blocks)),
       policy_(std::move(policy)) {}
 
 void BoundedTierIndex::Add(const OffloadKey& key, int32_t ref_cnt) {
@@ -111,9 +112,9 @@ Status BoundedTierIndex::CheckInvariants() const {
 // ---- IndexedTier ----
 
 IndexedTier::IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
-                         std::shared_ptr<TierTransport> transport)
+                         std::shared_ptr<TierTransport> transport, uint64_t max_blocks)
     : options_(std::move(options)),
-      index_(options_.max_bytes, options_.block_bytes, std::move(policy)),
+      index_(options_.max_bytes, options_.block_bytes, std::move(policy), max_blocks),
       transport_(std::move(transport)) {}
 
 Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions options,
@@ -128,17 +129,24 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
         "tier '" + options.name + "': max_bytes=" + std::to_string(options.max_bytes) +
         " is smaller than one block (" + std::to_string(options.block_bytes) + " bytes)");
   }
-  uint64_t capacity = options.max_bytes == 0 ? 1024 : options.max_bytes / options.block_bytes;
-  // LRU's capacity is only a sizing hint and the table grows: a large bound (1 TB of 16 KiB
-  // blocks) must not size it up front (past its index limit that aborted the process).
+  const uint64_t blocks = options.max_bytes == 0 ? 0 : options.max_bytes / options.block_bytes;
+  uint64_t capacity = options.max_bytes == 0 ? 1024 : blocks;
+  // LRU's capacity is only a sizing hint and the table grows: a large bound must not size it up
+  // front. Each policy holds at most MaxPolicyBlocks (manager/cache_policy.h; a custom one: the
+  // LRU bound): a bound past it is refused, and an unbounded tier holds that many (its index
+  // evicts past it, rather than the table aborting the process).
   constexpr uint64_t kMaxHint = uint64_t{1} << 20;
-  if (!options.policy_factory && options.eviction_policy == "lru") {
-    capacity = std::min(capacity, kMaxHint);
-  } else if (capacity > (uint64_t{1} << 26)) {
-    return Status::InvalidArgument("tier '" + options.name +
-                                   "': max_bytes=" + std::to_string(options.max_bytes) + " gives " +
-                                   std::to_string(capacity) + " blocks; at most 67108864");
+  const bool lru = !options.policy_factory && options.eviction_policy == "lru";
+  const uint64_t max_blocks =
+      options.policy_factory ? kMaxLruBlocks : MaxPolicyBlocks(options.eviction_policy);
+  if (blocks > max_blocks) {
+    return Status::InvalidArgument(
+        "tier '" + options.name + "': max_bytes=" + std::to_string(options.max_bytes) + " gives " +
+        std::to_string(blocks) + " blocks; at most " + std::to_string(max_blocks) + " with the '" +
+        (options.policy_factory ? std::string("custom") : CutForMessage(options.eviction_policy)) +
+        "' policy");
   }
+  if (lru) capacity = std::min(capacity, kMaxHint);
   std::unique_ptr<CachePolicy> policy;
   if (options.policy_factory) {
     policy = options.policy_factory(static_cast<size_t>(capacity));
@@ -148,7 +156,7 @@ Result<std::unique_ptr<IndexedTier>> IndexedTier::Create(IndexedTierOptions opti
   }
   if (policy == nullptr) return Status::InvalidArgument("tier '" + options.name + "': no policy");
   std::unique_ptr<IndexedTier> tier(
-      new IndexedTier(std::move(options), std::move(policy), std::move(transport)));
+      new IndexedTier(std::move(options), std::move(policy), std::move(transport), max_blocks));
   std::vector<OffloadKey> held;
   KVO_RETURN_IF_ERROR(tier->transport_->List(&held));
   std::vector<OffloadKey> over;
@@ -189,7 +197,32 @@ LookupResult IndexedTier::Lookup(const OffloadKey& key, const RequestContext& ct
   return b != nullptr && b->ready() ? LookupResult::kHit : LookupResult::kMiss;
 }
 
+void IndexedTier::RememberUndeleted(std::span<const OffloadKey> keys) {
+  for (const OffloadKey& key : keys) {
+    if (undeleted_.size() >= kMaxUndeleted) {  // bounded: a medium that never deletes
+      ++undeleted_dropped_;
+      continue;
+    }
+    undeleted_.insert(key);
+  }
+}
+
+void IndexedTier::RetryDeletes() {
+  // A few per step, one at a time (each key's own outcome; absent files count as deleted): a
+  // medium that keeps failing costs the scheduler a bounded amount per step.
+  size_t tried = 0;
+  for (auto it = undeleted_.begin(); it != undeleted_.end() && tried < kDeleteRetriesPerStep;
+       ++tried) {
+    if (transport_->Delete({&*it, 1}).ok()) {
+      it = undeleted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void IndexedTier::OnScheduleEnd() {
+  RetryDeletes();
   if (!options_.async_lookup) return;
   // Verdicts no request holds, unclaimed for a step, are dropped (bounded without requests).
   for (const OffloadKey& key : unclaimed_) {
@@ -246,12 +279,19 @@ Status IndexedTier::SubmitStore(const TierJob& job) {
       state.all_ok_so_far = false;
       continue;
     }
+    // Stored again before its file could be deleted: the file is this block's (the store skips
+    // it or replaces it), so a retried delete must not remove it.
+    if (!undeleted_.empty()) undeleted_.erase(key);
     sub.keys.push_back(key);
     sub.slots.push_back(job.slots[i]);
   }
   if (!evicted.empty()) {
     Status s = transport_->Delete(evicted);
-    if (!s.ok()) KVO_LOG_WARN("tier '{}': deleting evicted blocks: {}", name(), s.ToString());
+    if (!s.ok()) {
+      KVO_LOG_WARN("tier '{}': deleting evicted blocks: {} (retried every step)", name(),
+                   s.ToString());
+      RememberUndeleted(evicted);
+    }
     Emit(std::move(evicted), /*removed=*/true, RemovalReason::kEvicted);
   }
   if (sub.keys.empty()) {
@@ -302,6 +342,20 @@ Status IndexedTier::SubmitLoad(const TierJob& job) {
   }
   jobs_.emplace(job.job_id, std::move(state));
   return Status::Ok();
+}
+
+void IndexedTier::HoldForPromotion(const OffloadKey& key) {
+  // A key no longer ready (a stale async verdict) is not held: its load fails at SubmitLoad.
+  if (index_.Pin(key)) ++promised_[key];
+}
+
+void IndexedTier::ReleasePromotion(std::span<const OffloadKey> keys) {
+  for (const OffloadKey& key : keys) {
+    auto it = promised_.find(key);
+    if (it == promised_.end()) continue;
+    index_.Unpin(key);
+    if (--it->second == 0) promised_.erase(it);
+  }
 }
 
 void IndexedTier::TakeFinished(std::vector<JobResult>* out) {

@@ -5,8 +5,9 @@
 //   BoundedTierIndex  what the tier holds, within a byte budget, victims chosen by a CachePolicy.
 //   IndexedTier       the SecondaryTier: lookups from the index, stores that make room by
 //                     evicting (STORAGE removals, reason "evicted") and land as STORAGE stored
-//                     events, loads that pin their blocks, and loads that find a block corrupt
-//                     drop it (STORAGE removal, reason "failed").
+//                     events, loads that pin their blocks (from the moment the promotion is
+//                     promised, HoldForPromotion), and loads that find a block corrupt drop it
+//                     (STORAGE removal, reason "failed").
 //
 // Thread-compatible (the OffloadManager's thread). A transport may finish jobs on its own threads
 // and must then make TakeFinished/Drain thread-safe itself.
@@ -48,10 +49,11 @@ class TierTransport {
 // What a secondary tier holds: a state per key (writing, ready, pinned by loads — the CPU tier's
 // ref counts: -1, 0, > 0) in a CachePolicy that also picks victims, and a dense key array for
 // enumeration (BlockStatus::slot is the key's position in it). Capacity = max_bytes / block_bytes
-// blocks (max_bytes 0: unbounded).
+// blocks (max_bytes 0: unbounded), at most `max_blocks` (what the policy can hold).
 class BoundedTierIndex {
  public:
-  BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes, std::unique_ptr<CachePolicy> policy);
+  BoundedTierIndex(uint64_t max_bytes, uint64_t block_bytes, std::unique_ptr<CachePolicy> policy,
+                   uint64_t max_blocks = UINT64_MAX);
 
   const BlockStatus* Find(const OffloadKey& key) { return policy_->Get(key); }
   // Makes room for one more block, evicting ready unpinned blocks not in `protect` (appended to
@@ -76,7 +78,7 @@ class BoundedTierIndex {
   void Add(const OffloadKey& key, int32_t ref_cnt);
 
   const uint64_t block_bytes_;
-  const uint64_t capacity_;  // blocks; UINT64_MAX when unbounded
+  const uint64_t capacity_;  // blocks; max_blocks when unbounded
   std::unique_ptr<CachePolicy> policy_;
   std::vector<OffloadKey> keys_;  // dense; BlockStatus::slot indexes it
 };
@@ -85,7 +87,9 @@ struct IndexedTierOptions {
   std::string name = "fs";
   std::optional<std::string> locality;  // "LOCAL" | "REMOTE"
   bool enable_kv_events = true;         // vLLM's per-tier enable_kv_events
-  uint64_t max_bytes = 0;               // 0: unbounded (vLLM's FS tier)
+  // 0: unbounded (vLLM's FS tier) up to the policy's limit (MaxPolicyBlocks blocks,
+  // manager/cache_policy.h; Create refuses a bound past it).
+  uint64_t max_bytes = 0;
   uint64_t block_bytes = 1;             // bytes per block (one CPU row)
   std::string eviction_policy = "lru";  // a CachePolicyRegistry name
   CachePolicyFactory policy_factory;    // overrides eviction_policy when set
@@ -102,8 +106,9 @@ struct IndexedTierOptions {
 
 class IndexedTier final : public SecondaryTier {
  public:
-  // Rebuilds the index from transport->List() (no events: OffloadManager::Recover reconciles),
-  // deleting what does not fit the budget. `transport` is shared with whoever completes its I/O.
+  // Rebuilds the index from transport->List() (no events of its own: the manager announces them,
+  // ManagerOptions.announce_held_blocks, or OffloadManager::Recover reconciles), deleting what
+  // does not fit the budget. `transport` is shared with whoever completes its I/O.
   static Result<std::unique_ptr<IndexedTier>> Create(IndexedTierOptions options,
                                                      std::shared_ptr<TierTransport> transport);
 
@@ -112,6 +117,8 @@ class IndexedTier final : public SecondaryTier {
   LookupResult Lookup(const OffloadKey& key, const RequestContext& ctx) override;
   Status SubmitStore(const TierJob& job) override;
   Status SubmitLoad(const TierJob& job) override;
+  void HoldForPromotion(const OffloadKey& key) override;
+  void ReleasePromotion(std::span<const OffloadKey> keys) override;
   void TakeFinished(std::vector<JobResult>* out) override;
   void Drain() override { transport_->Drain(); }
   void TakeEvents(std::vector<OffloadingEvent>* out) override;
@@ -124,10 +131,16 @@ class IndexedTier final : public SecondaryTier {
 
   const BoundedTierIndex& index() const { return index_; }
   uint64_t stores_rejected() const { return stores_rejected_; }  // no room for a block
+  // Evicted blocks whose files could not be deleted yet (retried at each step's end, up to
+  // kDeleteRetriesPerStep), and those given up on because too many were pending (kMaxUndeleted).
+  size_t undeleted() const { return undeleted_.size(); }
+  uint64_t undeleted_dropped() const { return undeleted_dropped_; }
+  static constexpr size_t kMaxUndeleted = size_t{1} << 20;
+  static constexpr size_t kDeleteRetriesPerStep = 64;
 
  private:
   IndexedTier(IndexedTierOptions options, std::unique_ptr<CachePolicy> policy,
-              std::shared_ptr<TierTransport> transport);
+              std::shared_ptr<TierTransport> transport, uint64_t max_blocks);
   void Emit(std::vector<OffloadKey> keys, bool removed, RemovalReason reason);
 
   struct Job {
@@ -146,6 +159,15 @@ class IndexedTier final : public SecondaryTier {
   std::vector<OffloadingEvent> events_;
   std::vector<JobResult> scratch_;
   uint64_t stores_rejected_ = 0;
+  // Evicted keys whose delete failed: out of the index (and announced removed) but maybe still on
+  // the medium, outside the budget; deleted again at the steps' ends until the delete succeeds,
+  // forgotten when the key is stored again (the file is then this block's own).
+  void RememberUndeleted(std::span<const OffloadKey> keys);
+  void RetryDeletes();
+  std::unordered_set<OffloadKey, OffloadKeyHash> undeleted_;
+  uint64_t undeleted_dropped_ = 0;
+  // Keys pinned by HoldForPromotion, with the number of holds (released by ReleasePromotion).
+  std::unordered_map<OffloadKey, uint32_t, OffloadKeyHash> promised_;
   // async_lookup: per key, the verdict (unset while its check runs) and the requests that asked;
   // per request, the keys it asked for; the keys whose check started this step.
   struct Verdict {

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/json.h"
 #include "common/logging.h"
 #include "events/codec.h"
 #include "manager/metrics.h"
@@ -111,6 +112,15 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Create(ManagerOptions op
     return Status::InvalidArgument("at most 62 secondary tiers are supported, got " +
                                    std::to_string(options.secondary_tiers.size()));
   }
+  const size_t max_blocks =
+      options.policy_factory ? kMaxLruBlocks : MaxPolicyBlocks(options.eviction_policy);
+  if (options.num_blocks > max_blocks) {
+    return Status::InvalidArgument(
+        "num_blocks=" + std::to_string(options.num_blocks) + ": a CPU tier holds at most " +
+        std::to_string(max_blocks) + " blocks with the '" +
+        (options.policy_factory ? std::string("custom") : CutForMessage(options.eviction_policy)) +
+        "' policy (its table's limit); use larger blocks");
+  }
   for (size_t i = 0; i < options.secondary_tiers.size(); ++i) {
     if (options.secondary_tiers[i] == nullptr) {
       return Status::InvalidArgument("secondary_tiers[" + std::to_string(i) + "] is null");
@@ -127,6 +137,19 @@ Result<std::unique_ptr<OffloadManager>> OffloadManager::Create(ManagerOptions op
         policy, CachePolicyRegistry::Global().Create(options.eviction_policy, options.num_blocks));
   }
   auto impl = std::make_unique<Impl>(std::move(options), std::move(policy));
+  if (impl->options.announce_held_blocks) {
+    // What the media hold from an earlier run, announced once (Recover with an empty journal).
+    for (size_t i = 0; i < impl->tiers.size(); ++i) {
+      const SecondaryTier& t = *impl->tiers[i];
+      if (!t.publishes_events()) continue;
+      std::vector<OffloadKey> held;
+      t.ListHeld(&held);
+      if (held.empty()) continue;
+      OffloadingEvent e = OffloadingEvent::Stored(std::move(held), t.medium(), t.locality());
+      e.tier = static_cast<int32_t>(i + 1);
+      impl->start_events.push_back(std::move(e));
+    }
+  }
   return std::unique_ptr<OffloadManager>(new OffloadManager(std::move(impl)));
 }
 
@@ -317,6 +340,10 @@ std::vector<OffloadingEvent> OffloadManager::TakeEvents() {
 void OffloadManager::TakeEvents(std::vector<OffloadingEvent>* out) {
   Impl& m = *impl_;
   m.cpu.RecycleEvents(out);
+  if (!m.start_events.empty()) {  // before anything that happened since the start
+    for (OffloadingEvent& e : m.start_events) out->push_back(std::move(e));
+    m.start_events.clear();
+  }
   m.cpu.TakeEvents(out);
   for (size_t i = 0; i < m.tiers.size(); ++i) {
     const size_t first = out->size();

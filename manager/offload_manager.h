@@ -216,6 +216,13 @@ struct ManagerOptions {
   bool enable_events = true;  // CPU tier + reset events (vLLM's enable_events); tiers: their own
   bool self_describing_events = false;  // B.9 self-describing form (needs RecordChunkMetadata)
   std::vector<std::shared_ptr<SecondaryTier>> secondary_tiers;  // in lookup order
+  // A first start (no journal history): Create queues, for each secondary tier that publishes, one
+  // STORAGE stored event of every block it already holds (SecondaryTier::ListHeld; placeholder
+  // form), taken first by the next TakeEvents / PublishEvents — the reconcile of Recover against
+  // an empty journal. Without it a medium's blocks from an earlier run are never announced, and
+  // their later eviction is a removal consumers never saw stored. BuildOffloadManager sets it
+  // when events are on; Recover ignores it (it reconciles against the journal).
+  bool announce_held_blocks = false;
   // Keep the key of every CPU slot (40 bytes per slot) so Snapshot() and the invariant check
   // (manager/testing/offload_manager_peer.h) can enumerate the CPU tier. Off by default: the
   // policy alone is the per-block state.
@@ -232,8 +239,10 @@ struct ManagerOptions {
 
 class OffloadManager {
  public:
-  // InvalidArgument for an unknown policy, store_threshold >= 2 together with secondary tiers, or
-  // a null tier.
+  // InvalidArgument for an unknown policy, store_threshold >= 2 together with secondary tiers, a
+  // null tier, or more CPU blocks than its policy holds (MaxPolicyBlocks, manager/cache_policy.h).
+  // With announce_held_blocks, queues
+  // the tiers' held blocks as stored events.
   static Result<std::unique_ptr<OffloadManager>> Create(ManagerOptions options);
 
   // Restart: rebuilds what `journal` says was announced, then publishes (through options' sink)

@@ -63,6 +63,9 @@ struct OffloadManager::Impl {
     std::vector<int32_t> slots;
   };
   std::vector<std::vector<PendingPromotion>> pending_promotions;  // per tier, request order
+  // ManagerOptions.announce_held_blocks: the tiers' blocks found at start, taken before any other
+  // event.
+  std::vector<OffloadingEvent> start_events;
   bool processed_jobs_this_step = false;
 
   struct RequestState {

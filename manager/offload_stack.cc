@@ -32,6 +32,9 @@ Result<ManagerOptions> StackManagerOptions(const OffloadStackOptions& o) {
   m.max_tracker_size = static_cast<size_t>(c.max_tracker_size);
   m.enable_events = o.enable_kv_cache_events;
   m.self_describing_events = c.self_describing_kv_events;
+  // A fresh start announces what the file tiers already hold (RecoverOffloadManager reconciles
+  // against its journal instead), so every block on disk is announced once.
+  m.announce_held_blocks = o.enable_kv_cache_events;
   m.secondary_tiers.clear();
   if (c.spec != OffloadSpec::kTiering) return m;  // vLLM ignores secondary_tiers then
 
@@ -64,6 +67,16 @@ Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const
   // vLLM's FileMapper: a parallelism-agnostic (or replicated) layout collapses the rank to 0, so
   // every rank shares one directory; otherwise each rank has its own <ns>_r<rank>.
   fo.rank = run.parallel_agnostic ? 0 : rank;
+  // Range-checked before the narrowing casts (2^32 would become 0); the parser caps them too.
+  for (const auto& [name, n] :
+       {std::pair<const char*, int64_t>{"n_read_threads", fs.n_read_threads},
+        {"n_write_threads", fs.n_write_threads}}) {
+    if (n < 0 || n > kFsMaxThreadsPerPool) {
+      return Status::InvalidArgument(where + "." + name + " must be 0.." +
+                                     std::to_string(kFsMaxThreadsPerPool) + ", got " +
+                                     std::to_string(n));
+    }
+  }
   fo.n_read_threads = static_cast<int>(fs.n_read_threads);
   fo.n_write_threads = static_cast<int>(fs.n_write_threads);
   Result<std::shared_ptr<FsTransport>> transport = FsTransport::Create(fo, cpu_rows);

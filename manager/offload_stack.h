@@ -46,7 +46,7 @@ struct OffloadStackOptions {
   // The manager's options as the caller sets them (publisher, journal, clock, data_parallel_rank,
   // track_blocks, ...). The builder overwrites what the config and geometry decide: num_blocks,
   // eviction_policy (policy_factory cleared), store_threshold, max_tracker_size, enable_events
-  // (enable_kv_cache_events), self_describing_events and secondary_tiers.
+  // and announce_held_blocks (enable_kv_cache_events), self_describing_events and secondary_tiers.
   ManagerOptions manager;
 };
 
@@ -59,7 +59,9 @@ Result<std::shared_ptr<SecondaryTier>> BuildFsTier(const FsTierConfig& fs, const
                                                    bool enable_kv_cache_events,
                                                    const std::string& where);
 
-// A fresh manager (the file tiers index what their directories already hold, announcing nothing).
+// A fresh manager: the file tiers index what their directories already hold and, with events on,
+// the first TakeEvents / PublishEvents announces it (ManagerOptions.announce_held_blocks). For a
+// process whose journal already holds this stream's history use RecoverOffloadManager instead.
 Result<std::unique_ptr<OffloadManager>> BuildOffloadManager(const OffloadStackOptions& options);
 // After a restart: the same stack, then OffloadManager::Recover from `journal` (CPU blocks
 // announced removed, file tiers reconciled with their directories).

@@ -51,6 +51,7 @@ using ResidentBlock = std::tuple<int64_t, uint64_t, std::optional<std::string>>;
 Result<std::unique_ptr<OffloadManager>> OffloadManager::Recover(ManagerOptions options,
                                                                 Journal& journal) {
   KVO_ASSIGN_OR_RETURN(JournalFold journaled, ReplayJournal(journal));
+  options.announce_held_blocks = false;  // the reconcile below announces what the journal lacks
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<OffloadManager> manager, Create(std::move(options)));
   Impl& m = *manager->impl_;
 

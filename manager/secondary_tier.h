@@ -60,6 +60,14 @@ class SecondaryTier {
   // what it pinned and counts a failure).
   virtual Status SubmitStore(const TierJob& job) = 0;
   virtual Status SubmitLoad(const TierJob& job) = 0;
+  // A promotion of `key` from this tier was promised (its HIT made the manager answer
+  // HIT_PENDING); the load job is submitted only at the step's end. Until ReleasePromotion the
+  // tier must keep the key (never evict it for a store in between, which would turn the promised
+  // hit into a failed load). SubmitLoad takes its own hold on the keys it loads.
+  virtual void HoldForPromotion(const OffloadKey& /*key*/) {}
+  // Drops one HoldForPromotion per key: after SubmitLoad (accepted or refused), or when the
+  // promotion is dropped unsubmitted (ResetCache).
+  virtual void ReleasePromotion(std::span<const OffloadKey> /*keys*/) {}
   // Appends the results of the jobs finished since the last call.
   virtual void TakeFinished(std::vector<JobResult>* out) = 0;
   // Blocks until every submitted job has finished (their results stay queued).

@@ -76,6 +76,9 @@ LookupResult OffloadManager::Impl::TieredLookup(const OffloadKey& key, const Req
     }
     it->keys.push_back(key);
     it->slots.push_back(out.slots.front());
+    // The tier keeps the block until the load is submitted: a store in this step must not evict
+    // it (the promised hit would fail at the step's end).
+    tier.HoldForPromotion(key);
     return LookupResult::kHitPending;
   }
   return retry ? LookupResult::kRetry : LookupResult::kMiss;
@@ -151,6 +154,7 @@ void OffloadManager::Impl::FlushPromotions() {
       job.req_id = p.req_id;
       jobs.emplace(job.job_id, Job{i, true, std::move(p.keys), std::move(p.req_id)});
       Status s = tiers[i]->SubmitLoad(job);
+      tiers[i]->ReleasePromotion(job.keys);  // the load holds its own pins now (or failed)
       if (!s.ok()) {
         KVO_LOG_WARN("offload manager: tier {} ({}) refused a promotion: {}", i, tiers[i]->name(),
                      s.ToString());
@@ -210,7 +214,10 @@ void OffloadManager::Impl::MaybeFinishRequest(const std::string& req_id) {
 void OffloadManager::Impl::ResetTiering() {
   for (const auto& tier : tiers) tier->Drain();
   ProcessFinishedJobs();  // consume the completions: no tier I/O touches CPU slots any more
-  for (auto& pending : pending_promotions) pending.clear();  // never submitted
+  for (size_t i = 0; i < pending_promotions.size(); ++i) {  // never submitted
+    for (const PendingPromotion& p : pending_promotions[i]) tiers[i]->ReleasePromotion(p.keys);
+    pending_promotions[i].clear();
+  }
   if (!jobs.empty()) {
     KVO_LOG_WARN("offload manager: {} tier jobs unfinished after draining; forgotten", jobs.size());
     jobs.clear();

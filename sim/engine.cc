@@ -485,7 +485,11 @@ Result<std::unique_ptr<SimEngine>> SimEngine::Open(const SimEngineOptions& optio
   KVO_ASSIGN_OR_RETURN(std::unique_ptr<EventPublisher> zmq,
                        CreateEventPublisher(options.events, 0, po));
   e.publisher = std::make_unique<CountingPublisher>(std::move(zmq));
-  KVO_ASSIGN_OR_RETURN(e.manager, BuildOffloadManager(e.StackOptions()));
+  // A journal with history is a restart: reconcile against it (CPU blocks removed, the file tier
+  // matched with its directory); else a fresh start announces what the file tier already holds.
+  KVO_ASSIGN_OR_RETURN(e.manager, e.journal->empty()
+                                      ? BuildOffloadManager(e.StackOptions())
+                                      : RecoverOffloadManager(e.StackOptions(), *e.journal));
   OffloadMetricsOptions mo;
   mo.engine_labels = {{"engine", options.instance_id}};
   mo.tiering = e.manager->num_secondary_tiers() > 0;

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <deque>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -93,8 +95,8 @@ struct FsBlockStore::Impl {
   }
 
   void Start() {
-    const int nr = std::max(1, options.n_read_threads);
-    const int nw = std::max(1, options.n_write_threads);
+    const int nr = options.n_read_threads;  // Open checked: each >= 0, together >= 1
+    const int nw = options.n_write_threads;
     for (int i = 0; i < nr + nw; ++i) {
       const bool reader = i < nr;
       threads.emplace_back([this, reader] { Loop(reader); });
@@ -181,16 +183,20 @@ struct FsBlockStore::Impl {
                                                    region.row_stride, ro);
     if (!fast.ok()) return Error(fast.status().WithContext("load " + key.hex));
     if (fast->has_value()) return Classify(key, **fast);
-    auto d1 = fs_internal::OpenChildDir(rank, dir1, false, options.dir_mode, "block directory");
-    Result<Dir> d2 =
-        d1.ok() ? fs_internal::OpenChildDir(*d1, dir2, false, options.dir_mode, "block directory")
-                : Result<Dir>(d1.status());
+    bool not_a_dir = false;  // a symlink or non-directory in the path (ELOOP / ENOTDIR)
+    auto d1 = fs_internal::OpenChildDir(rank, dir1, false, options.dir_mode, "block directory",
+                                        &not_a_dir);
+    Result<Dir> d2 = d1.ok() ? fs_internal::OpenChildDir(*d1, dir2, false, options.dir_mode,
+                                                         "block directory", &not_a_dir)
+                             : Result<Dir>(d1.status());
     if (!d2.ok()) {
       if (d2.status().code() == StatusCode::kNotFound) {
         r.outcome = FsBlockOutcome::kMiss;
         return r;
       }
-      if (d2.status().code() == StatusCode::kFailedPrecondition) {  // symlink in the path
+      // Only a planted path is corrupt; a directory we may not open (EACCES, EPERM) is an error
+      // and the block stays (the manager keeps its key: the file is still on disk).
+      if (not_a_dir) {
         corrupt_count.fetch_add(1);
         r.outcome = FsBlockOutcome::kCorrupt;
         r.status = Status::Corruption("load " + key.hex + ": " + d2.status().message());
@@ -273,8 +279,17 @@ Result<std::unique_ptr<FsBlockStore>> FsBlockStore::Open(FsBlockStoreOptions opt
   if (region.base == 0 || region.num_slots == 0 || region.row_stride == 0) {
     return Status::InvalidArgument("fs tier: empty host region");
   }
-  if (options.n_read_threads < 1 || options.n_write_threads < 1) {
-    return Status::InvalidArgument("fs tier: n_read_threads and n_write_threads must be >= 1");
+  for (const auto& [name, n] :
+       {std::pair<const char*, int>{"n_read_threads", options.n_read_threads},
+        {"n_write_threads", options.n_write_threads}}) {
+    if (n < 0 || n > kFsMaxThreadsPerPool) {
+      return Status::InvalidArgument("fs tier: " + std::string(name) + " must be 0.." +
+                                     std::to_string(kFsMaxThreadsPerPool) + ", got " +
+                                     std::to_string(n));
+    }
+  }
+  if (options.n_read_threads + options.n_write_threads < 1) {
+    return Status::InvalidArgument("fs tier: n_read_threads + n_write_threads must be >= 1");
   }
   KVO_ASSIGN_OR_RETURN(std::string ns, FsNamespaceName(options.fields));
   KVO_ASSIGN_OR_RETURN(std::string config, FsFieldsConfigJson(options.fields));
@@ -409,8 +424,19 @@ Result<FsScanResult> FsBlockStore::Scan(double temp_age_seconds) {
               ++out.temp_files_removed;
             }
             break;
-          case WalkEntry::Kind::kSidecar:
+          case WalkEntry::Kind::kSidecar: {
+            // An orphan (its .bin gone: a crash between the record and the link) as old as a
+            // stale temp file; a younger one may belong to another writer's store in flight.
+            if (e.age_seconds < temp_age_seconds) break;
+            const std::string bin =
+                name.substr(0, name.size() - (sizeof(fs_internal::kSidecarSuffix) - 1));
+            struct stat st {};
+            if (::fstatat(dir.fd(), bin.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 &&
+                errno == ENOENT && ::unlinkat(dir.fd(), name.c_str(), 0) == 0) {
+              ++out.orphan_sidecars_removed;
+            }
             break;
+          }
           case WalkEntry::Kind::kInvalid:
           case WalkEntry::Kind::kSymlink:
             out.problems.push_back(e.rel_path + ": " + e.why);

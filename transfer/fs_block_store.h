@@ -33,10 +33,16 @@
 
 namespace kvo {
 
+// The most threads of one pool (n_read_threads, n_write_threads); a config asking for more is
+// rejected by name.
+inline constexpr int kFsMaxThreadsPerPool = 1024;
+
 struct FsBlockStoreOptions {
   std::string root_dir;
   FsRunFields fields;
   uint32_t rank = 0;  // the tier runs in the scheduler: _r0 (B.11)
+  // Each 0..kFsMaxThreadsPerPool, together >= 1: a pool of 0 is fine, the other pool's threads
+  // take its queue too.
   int n_read_threads = 16;
   int n_write_threads = 16;
   uint32_t file_mode = 0600;
@@ -70,11 +76,18 @@ struct FsJobResult : JobResultFields {
   std::vector<FsBlockResult> blocks;  // co-indexed with the job's keys
 };
 
+// The age (now - mtime) from which Scan removes a temp file ("*.tmp"). root_dir is shared by
+// design (vLLM engines and other kvo engines write temp + rename there), so a younger temp file
+// may be another writer's store in flight and is left alone; an hour is far beyond any single
+// block write, so what is older was left by a crash.
+inline constexpr double kFsStaleTempSeconds = 3600;
+
 struct FsScanResult {
   std::vector<FsBlockKey> blocks;     // well-formed .bin files of this tier's rank directory
   std::vector<std::string> problems;  // "<relative path>: <why>" for what was skipped or removed
   uint64_t temp_files_removed = 0;
   uint64_t wrong_size_removed = 0;
+  uint64_t orphan_sidecars_removed = 0;  // "<hex>.bin.kvo" without its .bin, as old as a temp
 };
 
 class FsBlockStore {
@@ -101,11 +114,11 @@ class FsBlockStore {
   bool Exists(const FsBlockKey& key);
   // Removes blocks (and records); ok when absent.
   Status Delete(const FsBlockKey& key);
-  // Walks this tier's rank directory: validates every name, removes stale temp files (older than
-  // `temp_age_seconds`; 0 removes all — only when no other writer shares the directory) and
-  // .bin files whose size is not row_stride, and lists the rest. Symlinks are reported, never
-  // followed.
-  Result<FsScanResult> Scan(double temp_age_seconds = 0);
+  // Walks this tier's rank directory: validates every name, removes stale temp files and orphan
+  // sidecar records (at least `temp_age_seconds` old; 0 removes all — only when no other writer
+  // shares the directory) and .bin files whose size is not row_stride, and lists the rest. Symlinks
+  // are reported, never followed.
+  Result<FsScanResult> Scan(double temp_age_seconds = kFsStaleTempSeconds);
 
   // Loads that found a damaged file (size, short read, checksum, malformed record, symlink,
   // FIFO ...) / a whole file whose record names another block. Both removed and served as misses.

@@ -263,13 +263,15 @@ Result<Dir> OpenRootDir(const std::string& path) {
 }
 
 Result<Dir> OpenChildDir(const Dir& parent, std::string_view name, bool create, uint32_t dir_mode,
-                         std::string_view what) {
+                         std::string_view what, bool* not_a_dir) {
   const std::string n(name);
+  if (not_a_dir != nullptr) *not_a_dir = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     int fd = ::openat(parent.fd(), n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0) return Dir(fd);
     int err = errno;
     if (err == ENOTDIR || err == ELOOP) {
+      if (not_a_dir != nullptr) *not_a_dir = true;
       return Status::FailedPrecondition(std::string(what) + " '" + n +
                                         "' is a symlink or not a directory; not followed");
     }

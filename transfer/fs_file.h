@@ -73,9 +73,10 @@ class Dir {
 Result<Dir> OpenRootDir(const std::string& path);
 // Opens child `name` of `parent` (a single component), creating it (mode dir_mode) when `create`.
 // NotFound when missing and !create; FailedPrecondition naming `what` when it is a symlink or not
-// a directory.
+// a directory (then *not_a_dir, when given, is set: only this case is proof of a planted path;
+// EACCES / EPERM / EROFS are FailedPrecondition too, with *not_a_dir false).
 Result<Dir> OpenChildDir(const Dir& parent, std::string_view name, bool create, uint32_t dir_mode,
-                         std::string_view what);
+                         std::string_view what, bool* not_a_dir = nullptr);
 
 // Opens `dir1`/`dir2` below `base` (one component each) in one openat2(RESOLVE_NO_SYMLINKS |
 // RESOLVE_BENEATH) call; where that fails (missing and `create`, a symlink or non-directory on

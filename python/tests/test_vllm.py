@@ -183,6 +183,8 @@ def test_readme_configs_load_through_the_factory(vllm_standin, tmp_path):
             extra["journal_dir"] = str(tmp_path / f"journal{i}")
         for t in extra.get("secondary_tiers", []):
             t["root_dir"] = str(tmp_path / f"fs{i}")
+            if "max_bytes" in t:  # the README's 1 TB, scaled down as cpu_bytes_to_use is (1 TB
+                t["max_bytes"] = 64 * 16384  # of 16 KiB rows is past the LRU index's 2^25 blocks)
         spec = OffloadingSpecFactory.create_spec(
             make_offloading_config(extra, engine_id=f"readme-{i}"))
         kinds.append(type(spec).__name__)

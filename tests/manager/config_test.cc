@@ -368,6 +368,11 @@ TEST(OffloadConfigTest, FsTierRejections) {
   ExpectRejected(
       Tiering(R"([{"type": "fs", "root_dir": "/d", "n_read_threads": 0, "n_write_threads": 0}])"),
       {"'secondary_tiers[0]'", "n_read_threads + n_write_threads must be at least 1", "0 + 0"});
+  // At most kFsMaxThreadsPerPool per pool, checked on the 64-bit value (2^32 is not 0).
+  ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "n_read_threads": 1025}])"),
+                 {"'secondary_tiers[0].n_read_threads'", "at most 1024", "got 1025"});
+  ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "n_write_threads": 4294967296}])"),
+                 {"'secondary_tiers[0].n_write_threads'", "at most 1024", "got 4294967296"});
   ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "enable_kv_events": "yes"}])"),
                  {"'secondary_tiers[0].enable_kv_events' must be true or false", "got \"yes\""});
   ExpectRejected(Tiering(R"([{"type": "fs", "root_dir": "/d", "max_bytes": -1}])"),
@@ -571,6 +576,24 @@ TEST(OffloadGeometryTest, ZeroWorkerBytesGiveAnEmptyCache) {
 TEST(OffloadGeometryTest, Rejections) {
   KvGeometry g;
   g.worker_kv_bytes_per_block = 4096;
+  // More CPU blocks than the policy's table holds (MaxPolicyBlocks): named, not an abort later.
+  auto many = ComputeOffloadGeometry(Bytes((kMaxLruBlocks + 1) * 4096), g);
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(many.status().message().find("holds 33554433 CPU blocks of 4096 bytes; at most "
+                                         "33554432 with eviction_policy 'lru'"),
+            std::string::npos)
+      << many.status().message();
+  auto most = ComputeOffloadGeometry(Bytes(kMaxLruBlocks * 4096), g);
+  ASSERT_TRUE(most.ok()) << most.status().ToString();
+  EXPECT_EQ(most->num_blocks, kMaxLruBlocks);
+  OffloadConfig arc = Bytes((kMaxArcBlocks + 1) * 4096);
+  arc.eviction_policy = "arc";
+  auto many_arc = ComputeOffloadGeometry(arc, g);
+  ASSERT_FALSE(many_arc.ok());
+  EXPECT_NE(many_arc.status().message().find("at most 8388608 with eviction_policy 'arc'"),
+            std::string::npos)
+      << many_arc.status().message();
+
   OffloadConfig c = Bytes(1 << 30);
   c.block_size = 40;
   auto not_multiple = ComputeOffloadGeometry(c, g);

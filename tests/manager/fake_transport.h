@@ -34,6 +34,7 @@ class FakeTransport final : public TierTransport, public testing::FakeJobs<TierJ
     while (!submitted.empty()) Finish(submitted.front().job_id, true);
   }
   Status Delete(std::span<const OffloadKey> keys) override {
+    if (fail_deletes) return Status::IOError("injected: delete failed");
     for (const OffloadKey& k : keys) {
       medium.erase(k.VllmBytes());
       deleted.push_back(k);
@@ -71,6 +72,7 @@ class FakeTransport final : public TierTransport, public testing::FakeJobs<TierJ
   }
 
   std::set<std::string> medium;  // OffloadKey::VllmBytes() of what is stored
+  bool fail_deletes = false;     // Delete fails and removes nothing
   std::vector<OffloadKey> deleted;
 };
 

@@ -4,10 +4,13 @@
 // blocks promote back byte-exact; a corrupted file is a lost key, removed and announced.
 #include "manager/fs_transport.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -147,6 +150,64 @@ TEST_F(FsTransportTest, StoreEvictRestartAndLoadBack) {
   // The CPU tier starts empty; blocks 3..5 come back from disk byte-exact.
   for (int i = 3; i < 6; ++i) LoadBack(i);
   EXPECT_EQ(manager_->Lookup(K(0), Ctx()), LookupResult::kMiss);
+}
+
+// A promised hit (HIT_PENDING) keeps its disk block until the load is submitted: a store in the
+// same step that needs room on the full disk tier evicts another block, not the promised one.
+TEST_F(FsTransportTest, PromisedBlockIsNotEvictedByAStoreInTheSameStep) {
+  disk_blocks_ = 5;
+  auto m = OffloadManager::Create(Build());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(m).value();
+  for (int i = 0; i < 5; ++i) Store(i);  // disk: 0..4 (0 its LRU block); CPU: 1..4
+  const OffloadKey k0 = K(0);
+  ASSERT_EQ(manager_->Lookup(k0, Ctx()), LookupResult::kHitPending);
+  // Same step: a store of 5 cascades to the full disk tier, which must make room.
+  const OffloadKey k5 = K(5);
+  auto out = manager_->PrepareStore(std::span<const OffloadKey>(&k5, 1), Ctx());
+  ASSERT_TRUE(out.ok() && out->has_value());
+  for (uint64_t b = 0; b < kRow; ++b) Row((*out)->slots[0])[b] = Byte(5, b);
+  ASSERT_TRUE(manager_->CompleteStore(std::span<const OffloadKey>(&k5, 1), Ctx(), true).ok());
+  Step();  // submits the promotion of 0 and collects it
+  EXPECT_EQ(manager_->GetStats().promotion_job_failures, 0u);
+  ASSERT_EQ(manager_->Lookup(k0, Ctx()), LookupResult::kHit);
+  auto slots = manager_->PrepareLoad(std::span<const OffloadKey>(&k0, 1), Ctx());
+  ASSERT_TRUE(slots.ok());
+  for (uint64_t b = 0; b < kRow; ++b) ASSERT_EQ(Row((*slots)[0])[b], Byte(0, b)) << b;
+  ASSERT_TRUE(manager_->CompleteLoad(std::span<const OffloadKey>(&k0, 1), Ctx()).ok());
+  std::set<std::string> want;  // 1 (the unpinned LRU block) made room for 5
+  for (int i : {0, 2, 3, 4, 5}) want.insert(K(i).Hex());
+  EXPECT_EQ(OnDisk(), want);
+  EXPECT_TRUE(tier_->index().CheckInvariants().ok());
+}
+
+// root_dir is shared (vLLM engines, other kvo engines write temp + rename there): the startup
+// scan removes only temp files older than kFsStaleTempSeconds, never another writer's fresh one.
+TEST_F(FsTransportTest, StartupRemovesOnlyStaleTempFiles) {
+  auto m = OffloadManager::Create(Build());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  manager_ = std::move(m).value();
+  Store(0);
+  const std::string bin = dir_.path() + "/" +
+                          FsBlockRelativePath(transport_->store().namespace_name(), 0,
+                                              *FsBlockKeyFromDigest(K(0).digest(), 0));
+  const std::string fresh = bin + "_111.tmp";  // another engine's write in flight
+  const std::string stale = bin + "_222.tmp";  // left by a crash two hours ago
+  std::ofstream(fresh) << "partial";
+  std::ofstream(stale) << "partial";
+  timespec times[2];
+  times[0].tv_sec = times[1].tv_sec = ::time(nullptr) - 2 * 3600;
+  times[0].tv_nsec = times[1].tv_nsec = 0;
+  ASSERT_EQ(::utimensat(AT_FDCWD, stale.c_str(), times, 0), 0);
+  manager_.reset();
+  tier_.reset();
+  transport_.reset();
+  auto r = OffloadManager::Create(Build());  // the tier's startup scan (FsTransport::List)
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  manager_ = std::move(r).value();
+  EXPECT_TRUE(std::filesystem::exists(fresh));
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(bin));
 }
 
 TEST_F(FsTransportTest, CorruptFileIsALostKeyRemovedFromDiskAndIndex) {

@@ -194,6 +194,26 @@ TEST_P(BothPoliciesTest, CannotStoreWhenEverythingIsPinnedAndChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, BothPoliciesTest, ::testing::Values("lru", "arc"));
 
+// A CPU tier past the policy table's limit is refused by name (it used to abort the process in
+// the table's constructor: ~240M blocks, rc 134).
+TEST_P(BothPoliciesTest, TooManyCpuBlocksIsAnErrorNotAnAbort) {
+  const size_t limit = MaxPolicyBlocks(GetParam());
+  EXPECT_EQ(limit, GetParam() == "arc" ? size_t{1} << 23 : size_t{1} << 25);
+  for (const size_t n : {limit + 1, size_t{240'000'000}}) {
+    ManagerOptions o;
+    o.num_blocks = n;
+    o.eviction_policy = GetParam();
+    auto m = OffloadManager::Create(std::move(o));
+    ASSERT_FALSE(m.ok()) << n;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("num_blocks=" + std::to_string(n) +
+                                        ": a CPU tier holds at most " + std::to_string(limit) +
+                                        " blocks with the '" + GetParam() + "' policy"),
+              std::string::npos)
+        << m.status().ToString();
+  }
+}
+
 TEST(OffloadManagerTest, StoreThresholdSkipsAndCountsCumulatively) {
   auto m = Make(4, "lru", /*store_threshold=*/2);
   ExpectStore(Store(*m, Ks({1, 2, 3})), {}, {}, {});

@@ -180,6 +180,72 @@ TEST_F(OffloadStackTest, RecoverReconcilesWithTheDirectory) {
   EXPECT_EQ(fold->Hashes(kMediumStorage).size(), 2u);  // the files survived
 }
 
+// A fresh start (no journal history, as kvo.OffloadManager with an empty journal and `kvo sim`
+// start) over a directory an earlier run filled: the blocks on disk are announced once, so the fold
+// of the events is what the manager holds, and their later eviction removes announced blocks.
+TEST_F(OffloadStackTest, AFreshStartAnnouncesTheBlocksAlreadyOnDisk) {
+  auto o = Options(Json("TieringOffloadingSpec", 3, disk_));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  {
+    auto earlier = BuildOffloadManager(*o);  // an earlier run, its events gone with it
+    ASSERT_TRUE(earlier.ok()) << earlier.status().ToString();
+    for (int i = 0; i < 3; ++i) Store(**earlier, i);
+  }
+  ASSERT_EQ(FilesUnder(disk_), 3u);
+  OpenJournal();
+  o->manager.journal = journal_.get();
+  o->manager.track_blocks = true;
+  auto m = BuildOffloadManager(*o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE((*m)->PublishEvents().ok());
+  auto check = [&](const char* when) {
+    auto fold = ReplayJournal(*journal_);
+    ASSERT_TRUE(fold.ok()) << fold.status().ToString();
+    auto snap = (*m)->Snapshot();
+    ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+    EXPECT_EQ(fold->Hashes(kMediumStorage), snap->storage_hashes) << when;
+    EXPECT_EQ(fold->Hashes(kMediumCpu), snap->cpu_hashes) << when;
+    EXPECT_EQ(fold->fold().unknown_removals(), 0u) << when;
+  };
+  check("at start");
+  EXPECT_EQ(ReplayJournal(*journal_)->Hashes(kMediumStorage).size(), 3u);
+  for (int i = 10; i < 12; ++i) Store(**m, i);  // the disk tier evicts two earlier blocks
+  ASSERT_EQ(FilesUnder(disk_), 3u);
+  check("after evictions");
+}
+
+// The parser accepts a pool of 0 threads (the sum must be >= 1: the other pool takes its queue
+// too); the stack builds it and the tier stores and loads. Counts past the cap are refused by name
+// before the narrowing cast (2^32 used to become 0).
+TEST_F(OffloadStackTest, ThreadCountsTheParserAcceptsBuildAndOthersAreNamed) {
+  for (const auto& [rd, wr] : {std::pair<int, int>{0, 1}, {1, 0}}) {
+    std::string json = Json("TieringOffloadingSpec", 4, disk_);
+    const std::string from = R"("n_read_threads": 2, "n_write_threads": 2)";
+    json.replace(json.find(from), from.size(),
+                 "\"n_read_threads\": " + std::to_string(rd) +
+                     ", \"n_write_threads\": " + std::to_string(wr));
+    auto o = Options(json);
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    auto m = BuildOffloadManager(*o);
+    ASSERT_TRUE(m.ok()) << rd << "/" << wr << ": " << m.status().ToString();
+    Store(**m, rd);
+    EXPECT_EQ(FilesUnder(disk_), 1u) << rd << "/" << wr;
+    m->reset();
+    std::filesystem::remove_all(disk_);
+    std::filesystem::create_directory(disk_);
+  }
+  auto o = Options(Json("TieringOffloadingSpec", 4, disk_));
+  ASSERT_TRUE(o.ok());
+  FsTierConfig fs = o->config.secondary_tiers[0].fs;
+  fs.n_write_threads = int64_t{1} << 32;
+  auto t = BuildFsTier(fs, o->run, 0, o->geometry, o->cpu_rows, false, "secondary_tiers[0]");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("secondary_tiers[0].n_write_threads must be 0..1024, got "
+                                      "4294967296"),
+            std::string::npos)
+      << t.status().ToString();
+}
+
 TEST_F(OffloadStackTest, ErrorsNameWhatDoesNotFit) {
   auto small = Options(Json("TieringOffloadingSpec", 2, disk_), true, /*rows=*/2);
   ASSERT_TRUE(small.ok());

@@ -654,12 +654,89 @@ TEST_F(IndexedTierTest, PromotionThroughTheTierAndACorruptBlockIsDroppedAndPubli
   EXPECT_TRUE(OffloadManagerPeer::CheckInvariants(*m_).ok());
 }
 
+// A promotion promised by a lookup holds its block until the load is submitted; a reset that drops
+// the promotion unsubmitted releases the hold (else the block stays pinned and the full tier
+// rejects every later store).
+TEST_F(IndexedTierTest, AResetReleasesTheHoldOfAnUnsubmittedPromotion) {
+  transport_->Put(K(0));
+  transport_->Put(K(1));
+  Build(2, 4);
+  ASSERT_EQ(m_->Lookup(K(0), kCtx), LookupResult::kHitPending);
+  m_->ResetCache();  // the promotion is dropped before the step's end
+  Store(Range(2, 3));
+  Store(Range(3, 4));  // room again for both: 0 and 1 are evictable
+  EXPECT_EQ(tier_->stores_rejected(), 0u);
+  EXPECT_EQ(tier_->index().size(), 2u);
+  EXPECT_EQ(transport_->deleted.size(), 2u);
+  EXPECT_TRUE(tier_->index().CheckInvariants().ok());
+}
+
+// An evicted block whose delete failed is not forgotten (its file would stay on the medium outside
+// the budget): the delete is retried at the steps' ends; a key stored again meanwhile is dropped
+// from the retries (its file is then the block's own).
+TEST_F(IndexedTierTest, AFailedEvictionDeleteIsRetriedUntilItSucceeds) {
+  Build(2, 8);
+  Store(Range(0, 2));
+  transport_->FinishAll();
+  m_->OnScheduleEnd();
+  m_->OnScheduleEnd();
+  transport_->fail_deletes = true;
+  Store(Range(2, 4));  // evicts 0 and 1; their deletes fail
+  EXPECT_EQ(tier_->undeleted(), 2u);
+  transport_->FinishAll();
+  m_->OnScheduleEnd();  // the retries fail too: still pending
+  m_->OnScheduleEnd();  // (the stores of 2 and 3 are collected now)
+  EXPECT_EQ(tier_->undeleted(), 2u);
+  EXPECT_EQ(transport_->medium.count(K(0).VllmBytes()), 1u);
+  transport_->fail_deletes = false;
+  // 1 is stored again before a retry succeeds (it evicts 2 from the tier): never deleted now.
+  tier_->Touch(Range(3, 4), kCtx);
+  TierJob again;
+  again.job_id = 1000;
+  again.keys = {K(1)};
+  again.slots = {0};
+  ASSERT_TRUE(tier_->SubmitStore(again).ok());
+  EXPECT_EQ(tier_->undeleted(), 1u);
+  m_->OnScheduleEnd();  // the retry of 0 succeeds
+  EXPECT_EQ(tier_->undeleted(), 0u);
+  EXPECT_EQ(transport_->medium.count(K(0).VllmBytes()), 0u);
+  EXPECT_EQ(transport_->medium.count(K(1).VllmBytes()), 1u);
+  EXPECT_EQ(std::count(transport_->deleted.begin(), transport_->deleted.end(), K(1)), 0);
+}
+
 TEST_F(IndexedTierTest, StartupTrimsTheMediumToTheBudget) {
   for (int i = 0; i < 5; ++i) transport_->Put(K(i));
   Build(3);
   EXPECT_EQ(tier_->index().size(), 3u);
   EXPECT_EQ(transport_->medium.size(), 3u);
   EXPECT_EQ(transport_->deleted.size(), 2u);
+}
+
+// A bound past what the policy's table holds is refused by name (an LRU tier used to accept it
+// and abort the process once the table grew past its 28-bit limit); an unbounded tier is capped
+// there.
+TEST(IndexedTierCreateTest, RejectsABoundPastThePolicysLimitAndCapsAnUnboundedTier) {
+  IndexedTierOptions to;
+  to.block_bytes = 16384;
+  to.max_bytes = (kMaxLruBlocks + 1) * to.block_bytes;
+  auto lru = IndexedTier::Create(to, std::make_shared<FakeTransport>());
+  ASSERT_FALSE(lru.ok());
+  EXPECT_EQ(lru.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(lru.status().message().find("at most 33554432 with the 'lru' policy"),
+            std::string::npos)
+      << lru.status().ToString();
+  to.max_bytes = kMaxLruBlocks * to.block_bytes;  // 512 GiB of 16 KiB blocks: fine
+  EXPECT_TRUE(IndexedTier::Create(to, std::make_shared<FakeTransport>()).ok());
+  to.eviction_policy = "arc";
+  auto arc = IndexedTier::Create(to, std::make_shared<FakeTransport>());
+  ASSERT_FALSE(arc.ok());
+  EXPECT_NE(arc.status().message().find("at most 8388608 with the 'arc' policy"), std::string::npos)
+      << arc.status().ToString();
+  to.eviction_policy = "lru";
+  to.max_bytes = 0;
+  auto unbounded = IndexedTier::Create(to, std::make_shared<FakeTransport>());
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status().ToString();
+  EXPECT_EQ((*unbounded)->index().capacity_blocks(), kMaxLruBlocks);
 }
 
 TEST(IndexedTierCreateTest, RejectsABudgetBelowOneBlock) {

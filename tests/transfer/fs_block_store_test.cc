@@ -1,6 +1,7 @@
 #include "transfer/fs_block_store.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -11,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -522,7 +524,7 @@ TEST_P(FsBlockStoreTest, ScanRebuildsContentsAndValidatesNames) {
 
   auto tier = FsBlockStore::Open(Opts(), rows.region());
   ASSERT_TRUE(tier.ok());
-  auto scan = (*tier)->Scan();
+  auto scan = (*tier)->Scan(0);  // no other writer here: every temp file is stale
   ASSERT_TRUE(scan.ok()) << scan.status().ToString();
   std::set<FsBlockKey> found(scan->blocks.begin(), scan->blocks.end());
   EXPECT_EQ(found, stored);
@@ -538,6 +540,39 @@ TEST_P(FsBlockStoreTest, ScanRebuildsContentsAndValidatesNames) {
   ASSERT_TRUE((*tier)->Delete(k0).ok());
   EXPECT_FALSE((*tier)->Exists(k0));
   EXPECT_TRUE((*tier)->Delete(k0).ok());  // absent is fine
+}
+
+// A sidecar record whose .bin is gone (a crash between the record and the link) is removed by the
+// scan once it is as old as a stale temp file; a fresh one (another writer's store in flight) and
+// one whose .bin exists stay.
+TEST_P(FsBlockStoreTest, ScanRemovesOldOrphanSidecars) {
+  Rows rows(2);
+  auto tier = FsBlockStore::Open(Opts(), rows.region());
+  ASSERT_TRUE(tier.ok()) << tier.status().ToString();
+  rows.Fill(0, 1);
+  ASSERT_TRUE(RunJob(**tier, true, {Key(1)}, {0}).success);
+  const auto sidecar = [&](uint64_t i) { return BlockPath(**tier, dir_.path(), Key(i)) + ".kvo"; };
+  const auto age = [](const std::string& path) {
+    timespec times[2];
+    times[0].tv_sec = times[1].tv_sec = ::time(nullptr) - 2 * 3600;
+    times[0].tv_nsec = times[1].tv_nsec = 0;
+    return ::utimensat(AT_FDCWD, path.c_str(), times, 0) == 0;
+  };
+  for (uint64_t i : {2, 3}) stdfs::create_directories(stdfs::path(sidecar(i)).parent_path());
+  if (!stdfs::exists(sidecar(1))) std::ofstream(sidecar(1)) << "record";  // xattr records
+  std::ofstream(sidecar(2)) << "record";
+  std::ofstream(sidecar(3)) << "record";
+  ASSERT_TRUE(age(sidecar(1)));  // old, but its .bin is there
+  ASSERT_TRUE(age(sidecar(2)));  // old orphan
+  auto scan = (*tier)->Scan();   // sidecar(3): a fresh orphan
+  ASSERT_TRUE(scan.ok()) << scan.status().ToString();
+  EXPECT_EQ(scan->orphan_sidecars_removed, 1u);
+  EXPECT_TRUE(stdfs::exists(sidecar(1)));
+  EXPECT_FALSE(stdfs::exists(sidecar(2)));
+  EXPECT_TRUE(stdfs::exists(sidecar(3)));
+  std::memset(rows.mem, 0, rows.num * rows.stride);
+  EXPECT_EQ(RunJob(**tier, false, {Key(1)}, {1}).blocks[0].outcome, FsBlockOutcome::kOk);
+  EXPECT_TRUE(rows.Matches(1, 1));
 }
 
 INSTANTIATE_TEST_SUITE_P(Records, FsBlockStoreTest, ::testing::Values(false, true),
@@ -559,8 +594,20 @@ TEST(FsBlockStoreOpenTest, BadRootDirIsAClearError) {
   o.fields.model_name = "";
   EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
   o.fields.model_name = "m";
+  // Thread counts: either pool may be empty (the other takes its queue), not both, none past
+  // the cap or negative.
   o.n_read_threads = 0;
-  EXPECT_FALSE(FsBlockStore::Open(o, rows.region()).ok());
+  o.n_write_threads = 0;
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
+  o.n_write_threads = kFsMaxThreadsPerPool + 1;
+  auto many = FsBlockStore::Open(o, rows.region());
+  EXPECT_NE(many.status().message().find("n_write_threads must be 0..1024, got 1025"),
+            std::string::npos)
+      << many.status().ToString();
+  o.n_write_threads = -1;
+  EXPECT_EQ(FsBlockStore::Open(o, rows.region()).status().code(), StatusCode::kInvalidArgument);
+  o.n_write_threads = 1;
+  EXPECT_TRUE(FsBlockStore::Open(o, rows.region()).ok());  // no reader: the writer loads too
   o.n_read_threads = 1;
   EXPECT_FALSE(FsBlockStore::Open(o, HostRegion{}).ok());
 }
@@ -589,6 +636,56 @@ TEST(FsBlockStoreOpenTest, ReadOnlyRootDirIsAClearError) {
   auto t = FsBlockStore::Open(Options(dir.path()), rows.region());
   EXPECT_EQ(t.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(t.status().message().find("not writable"), std::string::npos) << t.status().ToString();
+}
+
+// Stores one block under `root`, makes its leaf directory unreadable (mode 0) and loads it.
+// Returns the load's outcome (FsBlockOutcome as an int, >= 0), or a negative step that failed;
+// -4: the .bin is gone afterwards.
+int LoadThroughUnreadableLeaf(const std::string& root) {
+  Rows rows(2);
+  auto tier = FsBlockStore::Open(Options(root), rows.region());
+  if (!tier.ok()) return -1;
+  rows.Fill(0, 7);
+  if (!RunJob(**tier, true, {Key(7)}, {0}).success) return -2;
+  const std::string bin = BlockPath(**tier, root, Key(7));
+  const std::string leaf = stdfs::path(bin).parent_path().string();
+  if (::chmod(leaf.c_str(), 0) != 0) return -3;
+  FsJobResult ld = RunJob(**tier, false, {Key(7)}, {1});
+  ::chmod(leaf.c_str(), 0700);
+  if (!stdfs::exists(bin)) return -4;
+  if (ld.blocks.size() != 1) return -5;
+  return static_cast<int>(ld.blocks[0].outcome);
+}
+
+// EACCES on a block directory is an I/O error (kError), not a corrupt block: the file stays, so
+// the manager must keep its key (a kCorrupt would make it drop the key and announce a removal of
+// a file still on disk). Root ignores mode bits: as root the load runs in a child that drops to
+// uid/gid 65534.
+TEST(FsBlockStoreOpenTest, AnUnreadableBlockDirectoryIsAnErrorNotCorrupt) {
+  testing::TempDir dir;
+  int outcome = 0;
+  if (::geteuid() != 0) {
+    outcome = LoadThroughUnreadableLeaf(dir.path());
+  } else {
+    ASSERT_EQ(::chmod(dir.path().c_str(), 0777), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+          ::setresuid(65534, 65534, 65534) != 0) {
+        ::_exit(99);
+      }
+      ::_exit(LoadThroughUnreadableLeaf(dir.path()) + 10);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "child status " << status;
+    if (WEXITSTATUS(status) == 99) GTEST_SKIP() << "cannot drop privileges to uid 65534 here";
+    outcome = WEXITSTATUS(status) - 10;
+  }
+  ASSERT_GE(outcome, 0) << "step " << outcome << " failed";
+  EXPECT_EQ(static_cast<FsBlockOutcome>(outcome), FsBlockOutcome::kError)
+      << FsBlockOutcomeName(static_cast<FsBlockOutcome>(outcome));
 }
 
 TEST(FsBlockStoreOpenTest, DiskFullIsReportedPerBlockAndHarmsNothing) {
