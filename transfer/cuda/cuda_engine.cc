@@ -345,6 +345,18 @@ class CudaTransferEngine final : public TransferEngine {
     if (!st.ok()) {
       KVO_LOG_WARN("cuda transfer job {} failed to enqueue: {}", job->id, st.ToString());
       job->status = st;
+      // Part of the job may be queued already (earlier chunks' kernels and copies, earlier DMA
+      // calls). A failed job is reported at once and its descriptor block, staging slots and the
+      // caller's rows are reused, so the queued part must finish first: otherwise its kernels
+      // read the next job's descriptors and a D2H copy keeps writing into rows freed for other
+      // blocks. Rare (an enqueue error), so the lane is simply synchronised.
+      const cudaError_t a = cudaStreamSynchronize(lane.copy);
+      const cudaError_t b = cudaStreamSynchronize(lane.kernel);
+      if (a != cudaSuccess || b != cudaSuccess) {
+        KVO_LOG_ERROR("cuda transfer job {}: waiting for its queued part: {}", job->id,
+                      CudaStatus(a != cudaSuccess ? a : b, "cudaStreamSynchronize").ToString());
+        cudaGetLastError();
+      }
     }
     jobs_.Push(static_cast<size_t>(request.direction), job);
     recent_methods_.emplace_back(job->id, method);
