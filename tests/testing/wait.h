@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <functional>
+#include <mutex>
+#include <set>
 #include <thread>
 
 namespace kvo::testing {
@@ -39,15 +41,36 @@ inline int BindLoopback(int port) {
   return ok ? ntohs(a.sin_port) : 0;
 }
 
-// A loopback TCP port that was free a moment ago (0 if none could be bound).
-inline int FreePort() { return BindLoopback(0); }
+// Records `port` as handed out by this process; false when it was already. The kernel often hands
+// a just-closed ephemeral port out again, so two FreePort() calls whose ports nobody bound yet
+// could return the same port (a test registering ten sources on "free" ports then saw two share
+// an endpoint: 409).
+inline bool ClaimPort(int port) {
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  return given.insert(port).second;
+}
+
+// A loopback TCP port that was free a moment ago and that this process has not handed out
+// before (0 if none could be bound).
+inline int FreePort() {
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = BindLoopback(0);
+    if (port == 0) return 0;
+    if (ClaimPort(port)) return port;
+  }
+  return 0;
+}
 
 // A loopback TCP port whose successor was free too (an endpoint and its replay endpoint); 0 when
 // 200 attempts found none.
 inline int FreePortPair() {
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int port = FreePort();
-    if (port != 0 && port < 65000 && BindLoopback(port + 1) == port + 1) return port;
+    if (port != 0 && port < 65000 && BindLoopback(port + 1) == port + 1 && ClaimPort(port + 1)) {
+      return port;
+    }
   }
   return 0;
 }
