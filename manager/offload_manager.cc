@@ -387,7 +387,7 @@ Status OffloadManager::Impl::SendBatch(std::vector<KvEvent> events) {
     status = options.publisher->Publish(std::move(batch));
   } else if (options.journal != nullptr) {
     Journal& j = *options.journal;
-    const uint64_t seq = j.empty() ? 0 : j.last_seq() + 1;
+    const uint64_t seq = j.seq_floor();  // past every record and every seq used unjournaled
     status = j.Append(seq, EncodeBatch(batch));
     if (status.ok()) status = j.Flush();
   } else {
