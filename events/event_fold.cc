@@ -70,15 +70,20 @@ void KvEventFold::Apply(const EventStream& stream, const EventBatch& batch) {
   for (const KvEvent& e : batch.events) Apply(stream, e);
 }
 
+template <typename Event>
+KvEventFold::Key KvEventFold::KeyOf(uint32_t stream, const Event& e) {
+  return Key{stream,
+             MediumId(e.medium),
+             ResidencyId(e.locality),
+             OwnershipId(e.ownership),
+             e.group_idx.value_or(0),
+             0};
+}
+
 void KvEventFold::Apply(const EventStream& stream, const KvEvent& event) {
   const uint32_t sid = StreamId(stream);
   if (const auto* s = std::get_if<BlockStored>(&event)) {
-    Key k{sid,
-          MediumId(s->medium),
-          ResidencyId(s->locality),
-          OwnershipId(s->ownership),
-          s->group_idx.value_or(0),
-          0};
+    Key k = KeyOf(sid, *s);
     for (const BlockHash& h : s->block_hashes) {
       k.hash = h.Low64();
       ++counts_[k];
@@ -86,12 +91,7 @@ void KvEventFold::Apply(const EventStream& stream, const KvEvent& event) {
     return;
   }
   if (const auto* r = std::get_if<BlockRemoved>(&event)) {
-    Key k{sid,
-          MediumId(r->medium),
-          ResidencyId(r->locality),
-          OwnershipId(r->ownership),
-          r->group_idx.value_or(0),
-          0};
+    Key k = KeyOf(sid, *r);
     for (const BlockHash& h : r->block_hashes) {
       k.hash = h.Low64();
       auto it = counts_.find(k);

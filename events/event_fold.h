@@ -119,6 +119,9 @@ class KvEventFold {
   uint32_t MediumId(const std::optional<std::string>& medium);
   uint32_t ResidencyId(const std::optional<std::string>& locality);
   uint32_t OwnershipId(const std::optional<std::string>& ownership);
+  // A stored or removed event's key, hash 0 (set per listed hash).
+  template <typename Event>
+  Key KeyOf(uint32_t stream, const Event& e);
   std::optional<uint32_t> FindStream(const EventStream& stream) const;
   FoldEntry EntryOf(const Key& k, int64_t count) const;
 

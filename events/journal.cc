@@ -140,8 +140,7 @@ class JournalImpl final : public Journal {
     Status s;
     if (floor_path_.empty()) {
       // Open could not create the floor file: create this one (which may fail on a full disk).
-      auto f = fs_->NewAppendableFile(to, FileOptions{});
-      s = f.ok() ? (*f)->Close() : f.status();
+      s = CreateEmptyFile(to);
     } else {
       s = fs_->Rename(floor_path_, to);
     }
@@ -247,6 +246,10 @@ class JournalImpl final : public Journal {
   // Validates one segment; `is_last` allows (and repairs) a torn tail.
   Status LoadSegment(Segment* seg, bool is_last, bool* remove) EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Status OpenWriterOnLast() EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Status CreateEmptyFile(const std::string& path) {
+    auto f = fs_->NewAppendableFile(path, FileOptions{});
+    return f.ok() ? (*f)->Close() : f.status();
+  }
   // Removes `stale` floor files and creates the floor file when there is none.
   Status PrepareFloorFile(const std::vector<std::string>& stale) EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes [from, to) of a file.
@@ -386,8 +389,7 @@ Status JournalImpl::PrepareFloorFile(const std::vector<std::string>& stale) {
   // Created empty now, while there may be room, so that raising the floor later is a rename. A
   // failure is not fatal: the journal works, and RaiseSeqFloor tries to create it then.
   const std::string path = JoinPath(options_.dir, JournalSeqFloorName(0));
-  auto f = fs_->NewAppendableFile(path, FileOptions{});
-  Status s = f.ok() ? (*f)->Close() : f.status();
+  Status s = CreateEmptyFile(path);
   if (s.ok()) {
     floor_path_ = path;
   } else {

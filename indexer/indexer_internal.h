@@ -338,7 +338,7 @@ struct Indexer::Impl {
                                                      uint64_t seq, const EventBatch& batch,
                                                      double now, ApplyOutcome* out)
       EXCLUSIVE_LOCKS_REQUIRED(ingest_mu, state_mu);
-  Status CheckRowFits(const indexer_internal::LogRow& r, std::string_view source, uint64_t seq,
+  Status CheckRowFits(const indexer_internal::LogRow& r, std::string_view source,
                       BatchNeeds* needs) const EXCLUSIVE_LOCKS_REQUIRED(state_mu);
   // Cannot fail once ConvertBatch accepted the rows (an Internal error otherwise); the source id.
   Result<uint32_t> RegisterBatch(std::string_view source, std::optional<uint32_t> known_sid,

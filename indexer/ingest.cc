@@ -227,7 +227,7 @@ std::vector<LogRow> Indexer::Impl::ConvertBatch(std::string_view source, int64_t
     // One event that does not fit is left out, not the batch: refusing the batch dropped its
     // removals too (and the stream moves on to the next seq), leaving entries for blocks the
     // engine had freed.
-    if (Status fits = CheckRowFits(r, source, seq, &needs); !fits.ok()) {
+    if (Status fits = CheckRowFits(r, source, &needs); !fits.ok()) {
       if (out->refused_events++ == 0) out->refused_reason = fits.message();
       ++counters.refused_events;
       continue;
@@ -237,7 +237,7 @@ std::vector<LogRow> Indexer::Impl::ConvertBatch(std::string_view source, int64_t
   return rows;
 }
 
-Status Indexer::Impl::CheckRowFits(const LogRow& r, std::string_view source, uint64_t seq,
+Status Indexer::Impl::CheckRowFits(const LogRow& r, std::string_view source,
                                    BatchNeeds* needs) const {
   const std::string key = ResidencyKey(r.medium, r.ownership);
   if (key.size() > indexer_internal::kMaxMediumNameBytes) {
@@ -261,10 +261,12 @@ Status Indexer::Impl::CheckRowFits(const LogRow& r, std::string_view source, uin
       mem.group_count() + needs->new_groups.size() + (new_group ? 1 : 0) >
           indexer_internal::kMaxGroups) {
     return Status::OutOfRange(
-        "source '" + std::string(source) + "': batch " + std::to_string(seq) +
-        ": an event would exceed the index's " + std::to_string(indexer_internal::kMaxMedia) +
-        " media or " + std::to_string(indexer_internal::kMaxGroups) + " KV-cache groups (medium '" +
-        r.medium + "', group " + std::to_string(r.group) + "); that event is left out");
+        // No seq in the text: the service's repeat filter folds a run of such refusals into
+        // one line, and its log line names the batch.
+        "source '" + std::string(source) + "': an event would exceed the index's " +
+        std::to_string(indexer_internal::kMaxMedia) + " media or " +
+        std::to_string(indexer_internal::kMaxGroups) + " KV-cache groups (medium '" + r.medium +
+        "', group " + std::to_string(r.group) + "); that event is left out");
   }
   if (new_medium) needs->new_media.insert(key);
   if (new_group) needs->new_groups.insert(r.group);
